@@ -1,0 +1,51 @@
+"""Bad config values stop the run with one line naming the key, the value and what is allowed."""
+
+import pytest
+
+from ovalp_flwr.config import ConfigError, RunConfig, check_num_clients
+from ovalp_flwr.local_grid import app_config
+
+
+def test_pyproject_defaults_parse_and_match_the_dataclass():
+    assert RunConfig.from_mapping(app_config()) == RunConfig()
+
+
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        ("head", "mlp", "choose one of: ova, softmax"),
+        ("partition", "dirichlet", "choose one of: iid, shard"),
+        ("schedule", "three-stage", "choose one of: two-stage, single-stage"),
+        ("feature-norm", "pca", "choose one of: none, l2"),
+        ("fraction-train", 0.0, "(0, 1]"),
+        ("fraction-train", 1.5, "(0, 1]"),
+        ("learning-rate", -0.1, "> 0"),
+        ("batch-size", 0, ">= 1"),
+        ("dirichlet-p", 0.0, "(0, 1]"),
+        ("local-epochs", "3", "type int"),
+        ("run-name", "../escape", "without '/'"),
+        ("learnin-rate", 0.1, "known keys"),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(key, value, fragment):
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_mapping({**app_config(), key: value})
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"{key}={value!r}" in message and fragment in message
+
+
+def test_ints_are_accepted_for_floats():
+    assert RunConfig.from_mapping({"learning-rate": 1}).learning_rate == 1.0
+
+
+def test_more_clients_than_samples_is_an_error():
+    check_num_clients(10, 10)
+    with pytest.raises(ConfigError, match="num-supernodes=11.*only 10 samples"):
+        check_num_clients(11, 10)
+
+
+def test_stage_schedule():
+    config = RunConfig(stage1_rounds=2)
+    assert [config.stage_for_round(r) for r in (1, 2, 3)] == [1, 1, 2]
+    assert RunConfig(stage1_rounds=0).stage_for_round(1) == 2
