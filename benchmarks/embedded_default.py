@@ -7,6 +7,7 @@ writes `benchmarks/results/embedded_default.{json,md}`:
 
     .venv/bin/python benchmarks/embedded_default.py            # full grid (~10 min, 2 cores)
     .venv/bin/python benchmarks/embedded_default.py --seeds 0 --norms standardize
+    .venv/bin/python benchmarks/embedded_default.py --local-epochs 30 --name local_epochs_30
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -33,10 +35,10 @@ PARTITIONS = {"IID": {"partition": "iid"}, "shard-1": {"partition": "shard", "cl
 
 
 def run_one(method: str, partition: str, norm: str, seed: int, rounds: int, clients: int,
-            scratch: Path) -> dict:
+            epochs: int, scratch: Path) -> dict:
     overrides = {**METHODS[method], **PARTITIONS[partition], "feature-norm": norm, "seed": seed,
-                 "num-server-rounds": rounds, "results-dir": str(scratch),
-                 "run-name": f"{method}-{partition}-{norm}-{seed}".replace(" ", "_")}
+                 "num-server-rounds": rounds, "local-epochs": epochs, "results-dir": str(scratch),
+                 "run-name": f"{method}-{partition}-{norm}-e{epochs}-{seed}".replace(" ", "_")}
     summary = read_summary(run_local(overrides, clients))
     curve = [r["accuracy"] for r in summary["rounds"]]
     return {"method": method, "partition": partition, "feature_norm": norm, "seed": seed,
@@ -69,6 +71,8 @@ def main() -> None:
     parser.add_argument("--norms", nargs="+", default=["none", "l2", "standardize", "center-l2"])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--local-epochs", type=int, default=3)
+    parser.add_argument("--name", default="embedded_default", help="output file stem")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/ovalp-bench"))
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
@@ -76,16 +80,18 @@ def main() -> None:
     grid = [(m, p, n, s) for n in args.norms for m in METHODS for p in PARTITIONS for s in args.seeds]
     started, rows = time.time(), []
     for method, partition, norm, seed in tqdm(grid, desc="runs"):
-        rows.append(run_one(method, partition, norm, seed, args.rounds, args.clients, args.scratch))
+        rows.append(run_one(method, partition, norm, seed, args.rounds, args.clients,
+                            args.local_epochs, args.scratch))
     OUT.mkdir(exist_ok=True)
     setup = {"dataset": "digits", "encoder": "efficientnet-lite0", "clients": args.clients,
-             "rounds": args.rounds, "seeds": args.seeds, "seconds": round(time.time() - started, 1)}
-    (OUT / "embedded_default.json").write_text(json.dumps({"setup": setup, "runs": rows}, indent=1))
+             "rounds": args.rounds, "local_epochs": args.local_epochs, "seeds": args.seeds,
+             "seconds": round(time.time() - started, 1)}
+    (OUT / f"{args.name}.json").write_text(json.dumps({"setup": setup, "runs": rows}, indent=1))
     md = (f"# Embedded default: final accuracy after {args.rounds} rounds (%, mean ± std over "
           f"seeds {args.seeds})\n\n{args.clients} clients, digits through EfficientNet-Lite0, "
-          f"AdamW lr 0.01, batch 50, 3 local epochs.\nCommand: `.venv/bin/python "
-          f"benchmarks/embedded_default.py`\n\n{table(rows, args.norms)}\n")
-    (OUT / "embedded_default.md").write_text(md)
+          f"AdamW lr 0.01, batch 50, {args.local_epochs} local epochs.\nCommand: `.venv/bin/python "
+          f"benchmarks/embedded_default.py {' '.join(sys.argv[1:])}`\n\n{table(rows, args.norms)}\n")
+    (OUT / f"{args.name}.md").write_text(md)
     print(md)
 
 

@@ -30,7 +30,8 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from ovalp_flwr.encoders import Encoder, encoder_identity, load_encoder, resolve_device
+from ovalp_flwr.devices import resolve_device
+from ovalp_flwr.encoders import Encoder, encoder_identity, load_encoder
 
 logger = logging.getLogger(__name__)
 

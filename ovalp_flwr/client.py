@@ -15,7 +15,8 @@ from ovalp_flwr.client_data import client_rows, partition_key
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.heads import accuracy, head_from_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
-from ovalp_flwr.training import LocalSchedule, resolve_device, shuffle_generator, train_local
+from ovalp_flwr.devices import resolve_device
+from ovalp_flwr.training import LocalSchedule, shuffle_generator, train_local
 
 _ON_DEVICE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -95,7 +96,7 @@ def _stored_stats(context: Context, digest: str) -> NormStats | None:
         found = "none" if stats is None else stats.digest()
         raise RuntimeError(
             f"feature statistics on this node ({found}) do not match the server's ({digest}); "
-            "the node missed the run's set-norm message"
+            "the node missed the run's set_norm message"
         )
     return stats
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ovalp_flwr.devices import resolve_device
 from ovalp_flwr.timm_compat import import_timm
 
 
@@ -41,13 +42,6 @@ class EncoderSpec:
     default_image_size: int
     identity: Callable[[int], dict[str, Any]]
     build: Callable[[torch.device, int], Encoder]
-
-
-def resolve_device(device: str) -> torch.device:
-    """'auto' means the GPU when there is one: encoding is the only heavy compute we do."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def _as_tensor(images: np.ndarray, device: torch.device) -> torch.Tensor:

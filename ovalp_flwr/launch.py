@@ -25,6 +25,7 @@ from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
 CONNECTION = "ovalp-local"
+FINAL_LINE = "final accuracy "  # the ServerApp's closing log line starts like this
 
 
 def free_port() -> int:
@@ -34,9 +35,14 @@ def free_port() -> int:
 
 
 def flower_env(flwr_home: Path) -> dict[str, str]:
-    """Environment for Flower's processes: local state, no telemetry, no runtime pip."""
+    """Environment for Flower's processes: local state, no telemetry, no runtime pip.
+
+    Our interpreter's bin/ goes first on PATH: the SuperLink starts `flower-superexec`
+    and the simulation runtime by name.
+    """
     return {
         **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "FLWR_HOME": str(flwr_home),
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -49,17 +55,58 @@ def _bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
+def descendants(pid: int) -> list[int]:
+    """All live descendants of `pid` (Linux /proc), detached sessions included.
+
+    The SuperLink starts `flower-superexec` in a new session, which starts the simulation
+    and Ray; they are outside our process group but still in our process tree.
+    """
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        kids = children.get(frontier.pop(), [])
+        found += kids
+        frontier += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent to reap it counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 def stop_group(process: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM the process group we created, then SIGKILL what is left."""
+    """Stop `process`, its process group and every process it started, by PID.
+
+    SIGTERM first (Flower shuts its children down), SIGKILL for whatever is left.
+    """
+    tree = descendants(process.pid)
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
+    _signal(tree, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)  # stragglers of the group (simulation, Ray)
+        os.killpg(process.pid, signal.SIGKILL)
+    _signal([pid for pid in tree if _alive(pid)], signal.SIGKILL)
     process.wait()
 
 
@@ -78,10 +125,9 @@ def _wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: flo
 def simulation_superlink(flwr_home: Path, cwd: Path = PROJECT) -> Iterator[tuple[subprocess.Popen, str]]:
     """A simulation SuperLink in its own process group; yields (process, address)."""
     flwr_home.mkdir(parents=True, exist_ok=True)
-    port, control_port = free_port(), free_port()
+    port = free_port()
     log = flwr_home / "superlink.log"
     command = [_bin("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
-               "--control-api-address", f"127.0.0.1:{control_port}",
                "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "ab") as log_file:
         process = subprocess.Popen(command, cwd=cwd, env=flower_env(flwr_home), stdout=log_file,
@@ -115,11 +161,20 @@ def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Pa
         write_flower_config(flwr_home, address)
         command = [_bin("flwr"), "run", str(app), CONNECTION, "--stream",
                    "--federation-config", federation_config(num_supernodes, num_gpus), *flwr_args]
-        run = subprocess.Popen(command, cwd=app, env=flower_env(flwr_home), start_new_session=True)
+        run = subprocess.Popen(command, cwd=app, env=flower_env(flwr_home), start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        final_line = None
         try:
-            return run.wait()
+            for line in run.stdout:  # stream the run's log, remember its closing line
+                sys.stdout.write(line)
+                if FINAL_LINE in line:
+                    final_line = line.split(FINAL_LINE, 1)[1].strip()
+            code = run.wait()
         finally:
             stop_group(run)
+    # Ray and Flower log a few lines after the ServerApp ends: repeat the result last.
+    print(f"{FINAL_LINE}{final_line}" if final_line else f"run ended (exit {code}) without a result line")
+    return code if final_line else (code or 1)
 
 
 def _has_cuda() -> bool:

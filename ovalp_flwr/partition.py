@@ -16,7 +16,8 @@ from datasets import Dataset
 from flwr_datasets.partitioner import IidPartitioner, Partitioner
 from sklearn.cluster import KMeans
 
-PARTITIONS: tuple[str, ...] = ("iid", "shard", "bernoulli-dirichlet", "zipf", "feature-skew")
+from ovalp_flwr.config import PARTITIONS
+
 
 
 # ---------------------------------------------------------------------------- helpers

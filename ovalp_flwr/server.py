@@ -25,12 +25,12 @@ from ovalp_flwr import protocol as p
 from ovalp_flwr.cache import CachedFeatures, load_or_build
 from ovalp_flwr.client_data import all_partitions, resolve_path
 from ovalp_flwr.config import RunConfig, check_num_clients
+from ovalp_flwr.devices import resolve_device
 from ovalp_flwr.heads import accuracy, build_head, head_from_numpy, head_to_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize
 from ovalp_flwr.partition import summarize_partition
 from ovalp_flwr.results import default_run_name, write_run
 from ovalp_flwr.strategy import StagedFedAvg
-from ovalp_flwr.training import resolve_device
 
 
 def run_server(grid: Grid, config: RunConfig) -> Path:

@@ -30,15 +30,6 @@ class LocalResult:
     seconds: float
 
 
-def resolve_device(name: str) -> torch.device:
-    """`auto` is CUDA when present, else CPU; asking for CUDA without one is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' is not allowed here: no CUDA device; use 'auto' or 'cpu'")
-    return torch.device(name)
-
-
 def shuffle_generator(seed: int, server_round: int, partition_id: int) -> torch.Generator:
     """Batch order fixed by (run seed, round, client): reruns are identical."""
     entropy = np.random.SeedSequence([seed, server_round, partition_id]).generate_state(1)[0]

@@ -13,10 +13,11 @@ pytestmark = pytest.mark.e2e
 
 
 def flower_processes() -> set[int]:
-    """PIDs of Flower/Ray processes on this machine (to check none of ours is left)."""
-    pattern = "flower-superlink|flwr-simulation|flwr-serverapp|flwr-clientapp|raylet|gcs_server"
+    """Live (non-zombie) Flower/Ray processes on this machine."""
+    pattern = ("flower-superlink|flower-superexec|flwr-simulation|flwr-serverapp|flwr-clientapp|"
+               "raylet|gcs_server|ray::")
     found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
-    return {int(pid) for pid in found.split()}
+    return {int(pid) for pid in found.split() if launch._alive(int(pid))}
 
 
 def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path):
@@ -35,3 +36,12 @@ def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path):
     assert summary["final_accuracy"] > 0.2  # 10 classes: chance is 0.1
     assert flower_processes() - before == set(), "the run left Flower/Ray processes behind"
     assert os.path.exists(tmp_path / "flwr-home" / "config.toml")
+
+
+def test_flwr_run_with_a_bad_config_fails_with_one_line(tmp_path, capfd):
+    code = launch.simulate(launch.PROJECT, num_supernodes=2, flwr_home=tmp_path / "flwr-home",
+                           flwr_args=["--run-config", "head='mlp'"], num_gpus=0.0)
+    output = capfd.readouterr().out
+    assert code != 0
+    assert "run config: head='mlp' is not allowed; choose one of: ova, softmax" in output
+    assert "Traceback" not in output

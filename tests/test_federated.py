@@ -1,0 +1,97 @@
+"""Whole runs of the ServerApp logic with the real ClientApp, in process (no Ray)."""
+
+import csv
+import logging
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+import client_app
+import server_app
+from ovalp_flwr import protocol as p
+from ovalp_flwr.cache import load_or_build
+from ovalp_flwr.local_grid import InProcessGrid, app_config, run_local
+from ovalp_flwr.results import read_summary
+
+logging.getLogger("flwr").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """Digits through the `pixels` encoder: real data, 64-d, built in milliseconds."""
+    path = tmp_path_factory.mktemp("cache")
+    load_or_build("digits", "pixels", path, progress=False)
+    return path
+
+
+def run(cache_dir, tmp_path, clients=20, **overrides):
+    config = {"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+              "results-dir": str(tmp_path / "results"), "num-server-rounds": 6,
+              "run-name": "t", **overrides}
+    return read_summary(run_local(config, clients))
+
+
+def test_run_learns_and_writes_results(cache_dir, tmp_path):
+    summary = run(cache_dir, tmp_path)
+    assert summary["final_accuracy"] > 0.6  # 10 classes: chance is 0.1
+    assert summary["initial_accuracy"] < 0.3
+    rounds = summary["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, 7))
+    assert [r["stage"] for r in rounds] == [1, 2, 2, 2, 2, 2]
+    assert all(r["clients_trained"] == 20 and r["bytes_sent_per_client"] > 64 * 10 * 4 for r in rounds)
+    assert summary["partition"]["num_clients"] == 20 and summary["config"]["head"] == "ova"
+    assert summary["features"]["norm_digest"]
+    with open(tmp_path / "results" / "t" / "rounds.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [float(r["accuracy"]) for r in rows] == [r["accuracy"] for r in rounds]
+
+
+def test_same_seed_same_run_other_seed_other_run(cache_dir, tmp_path):
+    curve = lambda seed: [r["accuracy"] for r in run(cache_dir, tmp_path, seed=seed,
+                                                     **{"num-server-rounds": 3})["rounds"]]
+    assert curve(1) == curve(1)
+    assert curve(1) != curve(2)
+
+
+def test_empty_clients_train_nothing_and_the_run_completes(cache_dir, tmp_path):
+    summary = run(cache_dir, tmp_path, clients=40, partition="bernoulli-dirichlet",
+                  **{"num-server-rounds": 3})
+    empty = summary["partition"]["num_empty"]
+    assert empty > 0
+    assert all(r["clients_trained"] == 40 - empty for r in summary["rounds"])
+    assert summary["final_accuracy"] > 0.1
+
+
+def test_partial_participation_samples_the_fraction(cache_dir, tmp_path):
+    summary = run(cache_dir, tmp_path, **{"fraction-train": 0.25, "num-server-rounds": 2})
+    assert [r["clients_sampled"] for r in summary["rounds"]] == [5, 5]
+
+
+def test_clients_report_local_accuracy_when_asked(cache_dir, tmp_path):
+    summary = run(cache_dir, tmp_path, **{"fraction-evaluate": 1.0, "num-server-rounds": 2})
+    assert all(0 <= r["local_accuracy"] <= 1 for r in summary["rounds"])
+
+
+def test_a_node_that_missed_the_statistics_fails_with_a_clear_error(cache_dir):
+    config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir)}
+    grid = InProcessGrid(client_app.app, 2, config)
+    node = next(iter(grid.contexts))
+    content = RecordDict({
+        p.ARRAYS: p.to_record({"weight": np.zeros((10, 64), np.float32),
+                               "bias": np.zeros(10, np.float32)}),
+        p.CONFIG: ConfigRecord({"server-round": 1, p.STAGE: 1, p.NORM_DIGEST: "0123456789abcdef"}),
+    })
+    reply = list(grid.send_and_receive([Message(content, dst_node_id=node, message_type="train")]))[0]
+    assert reply.has_error()
+    assert "missed the run's set_norm message" in reply.error.reason
+
+
+def test_server_app_stops_on_bad_config_with_one_line(caplog):
+    context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={**app_config(), "head": "mlp"})
+    with pytest.raises(SystemExit) as exit_info:
+        server_app.main(None, context)
+    assert exit_info.value.code == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["run config: head='mlp' is not allowed; choose one of: ova, softmax"]
