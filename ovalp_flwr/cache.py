@@ -31,6 +31,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from ovalp_flwr.devices import resolve_device
+from ovalp_flwr.durable import fsync_dir, write_durably
 from ovalp_flwr.encoders import Encoder, encoder_identity, load_encoder
 
 logger = logging.getLogger(__name__)
@@ -235,8 +236,8 @@ def _write_and_install(
     try:
         for split, features in splits.items():
             manifest["splits"][split] = _write_split(tmp / f"{split}.safetensors", features)
-        _write_file(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
-        _fsync_dir(tmp)
+        write_durably(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
+        fsync_dir(tmp)
         return _install(tmp, target, replace)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # still there only if not installed
@@ -257,27 +258,12 @@ def _encode(
 
 def _write_split(file: Path, split: FeatureSet) -> dict[str, Any]:
     blob = st_save({"features": split.x, "labels": split.y})
-    _write_file(file, blob)
+    write_durably(file, blob)
     return {
         "shape": list(split.x.shape),
         "bytes": len(blob),
         "sha256": hashlib.sha256(blob).hexdigest(),
     }
-
-
-def _write_file(file: Path, blob: bytes) -> None:
-    with open(file, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _install(tmp: Path, target: Path, replace: bool) -> bool:
@@ -301,5 +287,5 @@ def _install(tmp: Path, target: Path, replace: bool) -> bool:
         except FileNotFoundError:
             continue
         shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return True

@@ -11,7 +11,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from ovalp_flwr import protocol as p
-from ovalp_flwr.client_data import client_rows, partition_key
+from ovalp_flwr.client_data import client_rows, feature_source, partition_spec
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.heads import accuracy, head_from_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
@@ -104,7 +104,8 @@ def _stored_stats(context: Context, digest: str) -> NormStats | None:
 def _device_rows(config: RunConfig, context: Context, digest: str) -> tuple[torch.Tensor, torch.Tensor]:
     """This client's normalised features and labels on its device, built once per process."""
     partition_id, num_partitions = node_partition(context)
-    key = (partition_key(config), config.feature_norm, config.device, partition_id, num_partitions, digest)
+    key = (feature_source(config), partition_spec(config), config.feature_norm, config.device,
+           partition_id, num_partitions, digest)
     if key not in _ON_DEVICE:
         stats = _stored_stats(context, digest)
         features, labels = client_rows(config, partition_id, num_partitions)

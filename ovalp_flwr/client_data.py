@@ -14,7 +14,7 @@ import numpy as np
 
 from ovalp_flwr.cache import CachedFeatures, load_features
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.partition import partition_indices
+from ovalp_flwr.partition import PartitionSpec, partition_indices
 
 
 def resolve_path(path: str) -> Path:
@@ -27,34 +27,33 @@ def _features(dataset: str, encoder: str, cache_dir: str) -> CachedFeatures:
     return load_features(dataset, encoder, resolve_path(cache_dir))
 
 
-def partition_key(config: RunConfig) -> tuple:
-    """The fields that define a partition (and nothing else), hashable for caching."""
-    return (config.dataset, config.encoder, config.feature_cache_dir, config.partition,
-            config.seed, config.classes_per_client, config.dirichlet_p,
-            config.dirichlet_alpha, config.zipf_s)
+def partition_spec(config: RunConfig) -> PartitionSpec:
+    return PartitionSpec(config.partition, config.seed, config.classes_per_client,
+                         config.dirichlet_p, config.dirichlet_alpha, config.zipf_s)
 
 
 @lru_cache(maxsize=4)
-def _partition(key: tuple, num_partitions: int) -> tuple[np.ndarray, ...]:
-    dataset, encoder, cache_dir, kind, seed, classes, p, alpha, s = key
-    cached = _features(dataset, encoder, cache_dir)
-    indices = partition_indices(
-        kind, cached.train.y, num_partitions, seed=seed, classes_per_client=classes,
-        dirichlet_p=p, dirichlet_alpha=alpha, zipf_s=s,
-        features=cached.train.x if kind == "feature-skew" else None,
-    )
-    return tuple(indices)
+def _partition(source: tuple[str, str, str], spec: PartitionSpec,
+               num_partitions: int) -> tuple[np.ndarray, ...]:
+    cached = _features(*source)
+    features = cached.train.x if spec.kind == "feature-skew" else None
+    return tuple(partition_indices(spec, cached.train.y, num_partitions, features))
+
+
+def feature_source(config: RunConfig) -> tuple[str, str, str]:
+    """(dataset, encoder, cache dir): which cache a run reads."""
+    return config.dataset, config.encoder, config.feature_cache_dir
 
 
 def all_partitions(config: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:
     """Every client's row indices (the server uses this only for the printed summary)."""
-    return _partition(partition_key(config), num_partitions)
+    return _partition(feature_source(config), partition_spec(config), num_partitions)
 
 
 def client_rows(config: RunConfig, partition_id: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
     """(features, labels) of one client's partition of the training split."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id={partition_id} is not allowed; use 0..{num_partitions - 1}")
-    cached = _features(config.dataset, config.encoder, config.feature_cache_dir)
+    cached = _features(*feature_source(config))
     rows = all_partitions(config, num_partitions)[partition_id]
     return cached.train.x[rows], cached.train.y[rows]

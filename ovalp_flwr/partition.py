@@ -224,59 +224,50 @@ class FeatureSkewPartitioner(IndexPartitioner):
 # -------------------------------------------------------------------------- public API
 
 
+@dataclass(frozen=True)
+class PartitionSpec:
+    """Everything that defines a partition besides the data and the number of clients."""
+
+    kind: str
+    seed: int = 0
+    classes_per_client: int = 1
+    dirichlet_p: float = 0.1
+    dirichlet_alpha: float = 0.001
+    zipf_s: float = 2.0
+
+
 def make_partitioner(
-    kind: str,
-    num_partitions: int,
-    *,
-    seed: int,
-    classes_per_client: int = 1,
-    dirichlet_p: float = 0.1,
-    dirichlet_alpha: float = 0.001,
-    zipf_s: float = 2.0,
-    features: np.ndarray | None = None,
+    spec: PartitionSpec, num_partitions: int, features: np.ndarray | None = None
 ) -> IndexPartitioner:
-    """Build the partitioner for `kind`; the caller sets `.dataset` (flwr-datasets convention)."""
-    if kind == "iid":
-        return SeededIidPartitioner(num_partitions, seed)
-    if kind == "shard":
-        return ClassShardPartitioner(num_partitions, seed, classes_per_client)
-    if kind == "bernoulli-dirichlet":
-        return BernoulliDirichletPartitioner(num_partitions, seed, dirichlet_p, dirichlet_alpha)
-    if kind == "zipf":
-        return ZipfPartitioner(num_partitions, seed, zipf_s)
-    if kind == "feature-skew":
+    """Build the partitioner for `spec`; the caller sets `.dataset` (flwr-datasets convention)."""
+    if spec.kind == "iid":
+        return SeededIidPartitioner(num_partitions, spec.seed)
+    if spec.kind == "shard":
+        return ClassShardPartitioner(num_partitions, spec.seed, spec.classes_per_client)
+    if spec.kind == "bernoulli-dirichlet":
+        return BernoulliDirichletPartitioner(
+            num_partitions, spec.seed, spec.dirichlet_p, spec.dirichlet_alpha
+        )
+    if spec.kind == "zipf":
+        return ZipfPartitioner(num_partitions, spec.seed, spec.zipf_s)
+    if spec.kind == "feature-skew":
         if features is None:
             raise ValueError("partition 'feature-skew' needs features for k-means; got None")
-        return FeatureSkewPartitioner(num_partitions, seed, features)
-    raise ValueError(f"unknown partition {kind!r}; expected one of: {', '.join(PARTITIONS)}")
+        return FeatureSkewPartitioner(num_partitions, spec.seed, features)
+    raise ValueError(f"unknown partition {spec.kind!r}; expected one of: {', '.join(PARTITIONS)}")
 
 
 def partition_indices(
-    kind: str,
+    spec: PartitionSpec,
     labels: np.ndarray,
     num_partitions: int,
-    *,
-    seed: int,
-    classes_per_client: int = 1,
-    dirichlet_p: float = 0.1,
-    dirichlet_alpha: float = 0.001,
-    zipf_s: float = 2.0,
     features: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """One sorted int64 row-index array per client (possibly empty); disjoint, covering all rows."""
     labels = np.asarray(labels)
     if labels.ndim != 1:
         raise ValueError(f"labels must be 1-D, got shape {labels.shape}")
-    partitioner = make_partitioner(
-        kind,
-        num_partitions,
-        seed=seed,
-        classes_per_client=classes_per_client,
-        dirichlet_p=dirichlet_p,
-        dirichlet_alpha=dirichlet_alpha,
-        zipf_s=zipf_s,
-        features=features,
-    )
+    partitioner = make_partitioner(spec, num_partitions, features)
     partitioner.dataset = label_dataset(labels)
     return partitioner.all_indices()
 

@@ -8,12 +8,15 @@ folder in one rename.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
+
+from ovalp_flwr.durable import fsync_dir, write_durably
 
 ROUND_COLUMNS = (
     "round", "accuracy", "stage", "train_loss", "clients_sampled", "clients_trained",
@@ -40,9 +43,9 @@ def write_run(results_dir: Path, run_name: str, summary: dict[str, Any]) -> Path
     staging = results_dir / f".{run_name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    _write_json(staging / "summary.json", summary)
-    _write_rounds_csv(staging / "rounds.csv", summary["rounds"])
-    _fsync_dir(staging)
+    write_durably(staging / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    write_durably(staging / "rounds.csv", _rounds_csv(summary["rounds"]))
+    fsync_dir(staging)
     if final.exists():
         retired = results_dir / f".{run_name}.old-{os.getpid()}"
         os.replace(final, retired)
@@ -50,7 +53,7 @@ def write_run(results_dir: Path, run_name: str, summary: dict[str, Any]) -> Path
         shutil.rmtree(retired, ignore_errors=True)
     else:
         os.replace(staging, final)
-    _fsync_dir(results_dir)
+    fsync_dir(results_dir)
     return final
 
 
@@ -67,26 +70,9 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    with open(path, "w") as handle:
-        json.dump(payload, handle, indent=2, allow_nan=False)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _write_rounds_csv(path: Path, rounds: list[dict[str, Any]]) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=ROUND_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rounds)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _rounds_csv(rounds: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=ROUND_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rounds)
+    return buffer.getvalue()

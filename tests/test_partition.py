@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ovalp_flwr.partition import (
+    PartitionSpec,
     PARTITIONS, label_dataset, make_partitioner, partition_indices, summarize_partition,
 )
 
@@ -30,19 +31,23 @@ LABELS = make_labels()
 FEATURES, BLOBS = make_blobs(num_blobs=20, per_blob=len(LABELS) // 20 + 1)
 FEATURES, BLOBS = FEATURES[: len(LABELS)], BLOBS[: len(LABELS)]
 
-CASES = {  # kind -> (num_partitions, kwargs)
+CASES = {  # kind -> (num_partitions, spec options)
     "iid": (100, {}),
     "shard": (100, {"classes_per_client": 2}),
     "bernoulli-dirichlet": (100, {"dirichlet_p": 0.1, "dirichlet_alpha": 0.001}),
     "zipf": (100, {"zipf_s": 2.0}),
-    "feature-skew": (20, {"features": FEATURES}),
+    "feature-skew": (20, {}),
 }
 RANDOM_KINDS = ["iid", "shard", "bernoulli-dirichlet", "zipf"]
 
 
 def split(kind: str, seed: int = 0, labels: np.ndarray = LABELS) -> list[np.ndarray]:
-    n, kwargs = CASES[kind]
-    return partition_indices(kind, labels, n, seed=seed, **kwargs)
+    n, options = CASES[kind]
+    return partition_indices(PartitionSpec(kind, seed, **options), labels, n, features_for(kind))
+
+
+def features_for(kind: str) -> np.ndarray | None:
+    return FEATURES if kind == "feature-skew" else None
 
 
 def classes_per_client(parts: list[np.ndarray]) -> list[int]:
@@ -74,11 +79,12 @@ def test_other_seed_other_partition(kind):
 
 @pytest.mark.parametrize("kind", PARTITIONS)
 def test_partitioner_load_partition_matches_indices(kind):
-    n, kwargs = CASES[kind]
-    partitioner = make_partitioner(kind, n, seed=1, **kwargs)
+    n, options = CASES[kind]
+    spec = PartitionSpec(kind, seed=1, **options)
+    partitioner = make_partitioner(spec, n, features_for(kind))
     partitioner.dataset = label_dataset(LABELS)
     assert partitioner.num_partitions == n
-    for i, expected in enumerate(partition_indices(kind, LABELS, n, seed=1, **kwargs)):
+    for i, expected in enumerate(partition_indices(spec, LABELS, n, features_for(kind))):
         part = partitioner.load_partition(i)
         assert np.array_equal(np.asarray(part["index"]), expected)
         assert np.array_equal(np.asarray(part["label"]), LABELS[expected])
@@ -91,7 +97,7 @@ def test_iid_sizes_differ_by_at_most_one():
 
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_shard_gives_exactly_k_classes_per_client(k):
-    parts = partition_indices("shard", LABELS, 100, seed=0, classes_per_client=k)
+    parts = partition_indices(PartitionSpec("shard", 0, classes_per_client=k), LABELS, 100)
     assert classes_per_client(parts) == [k] * 100
     assert min(len(p) for p in parts) > 0
 
@@ -103,13 +109,13 @@ def test_shard_assignment_never_gets_stuck():
             sizes = np.random.default_rng(seed).integers(1, 60, size=NUM_CLASSES)
             sizes[0] = 400  # one dominant class: capped at one shard per client
             labels = np.repeat(np.arange(NUM_CLASSES), sizes)
-            parts = partition_indices("shard", labels, num_clients, seed=seed, classes_per_client=k)
+            parts = partition_indices(PartitionSpec("shard", seed, classes_per_client=k), labels, num_clients)
             assert [len(np.unique(labels[p])) for p in parts] == [k] * num_clients
             assert sum(len(p) for p in parts) == len(labels)
 
 
 def test_shard_classes_get_shards_in_proportion_to_size():
-    parts = partition_indices("shard", LABELS, 100, seed=0, classes_per_client=1)
+    parts = partition_indices(PartitionSpec("shard", 0, classes_per_client=1), LABELS, 100)
     owners_per_class = np.bincount([LABELS[p[0]] for p in parts], minlength=NUM_CLASSES)
     assert owners_per_class.sum() == 100
     assert owners_per_class[0] > owners_per_class[-1]  # 180 samples vs 90
@@ -117,7 +123,7 @@ def test_shard_classes_get_shards_in_proportion_to_size():
 
 
 def test_shard_falls_back_to_mcmahan_with_few_clients():
-    parts = partition_indices("shard", LABELS, 2, seed=0, classes_per_client=1)
+    parts = partition_indices(PartitionSpec("shard", 0, classes_per_client=1), LABELS, 2)
     assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(LABELS)))
     assert abs(len(parts[0]) - len(parts[1])) <= 1
     held = [set(LABELS[p].tolist()) for p in parts]
@@ -140,9 +146,8 @@ def test_bernoulli_dirichlet_concentrates_classes_and_allows_empty_clients():
 
 def test_bernoulli_dirichlet_gives_unheld_class_to_someone():
     """p so small that some classes have no holder after the Bernoulli draw."""
-    parts = partition_indices(
-        "bernoulli-dirichlet", LABELS, 3, seed=0, dirichlet_p=0.05, dirichlet_alpha=0.5
-    )
+    spec = PartitionSpec("bernoulli-dirichlet", seed=0, dirichlet_p=0.05, dirichlet_alpha=0.5)
+    parts = partition_indices(spec, LABELS, 3)
     assert sum(len(p) for p in parts) == len(LABELS)
 
 
@@ -155,7 +160,7 @@ def test_zipf_sizes_decrease_with_a_heavy_head():
 
 
 def test_zipf_more_clients_than_samples():
-    parts = partition_indices("zipf", LABELS[:5], 8, seed=0)
+    parts = partition_indices(PartitionSpec("zipf"), LABELS[:5], 8)
     assert sum(len(p) for p in parts) == 5
 
 
@@ -166,7 +171,7 @@ def test_feature_skew_clients_are_the_clusters():
 
 
 def test_summary_line_and_dict():
-    parts = partition_indices("shard", LABELS, 100, seed=0, classes_per_client=1)
+    parts = partition_indices(PartitionSpec("shard", 0, classes_per_client=1), LABELS, 100)
     summary = summarize_partition("shard", parts, LABELS)
     line = str(summary)
     assert "\n" not in line
@@ -187,6 +192,6 @@ def test_summary_counts_empty_clients():
 def test_unknown_kind_and_missing_features_fail_clearly():
     allowed = "iid, shard, bernoulli-dirichlet, zipf, feature-skew"
     with pytest.raises(ValueError, match=rf"'dirichlet'.*{allowed}"):
-        make_partitioner("dirichlet", 10, seed=0)
+        make_partitioner(PartitionSpec("dirichlet"), 10)
     with pytest.raises(ValueError, match="feature-skew.*features"):
-        partition_indices("feature-skew", LABELS, 10, seed=0)
+        partition_indices(PartitionSpec("feature-skew"), LABELS, 10)
