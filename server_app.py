@@ -7,8 +7,9 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
+from ovalp_flwr.cache import CacheError
 from ovalp_flwr.config import ConfigError, RunConfig
-from ovalp_flwr.server import run_server
+from ovalp_flwr.server import FederationError, run_server
 
 app = ServerApp()
 
@@ -17,6 +18,6 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     try:
         run_server(grid, RunConfig.from_mapping(context.run_config))
-    except ConfigError as err:  # one clear line, no traceback
+    except (ConfigError, CacheError, FederationError) as err:  # one clear line, no traceback
         log(ERROR, "%s", err)
         sys.exit(2)

@@ -38,8 +38,9 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     started = time.time()
     cache = load_or_build(config.dataset, config.encoder, resolve_path(config.feature_cache_dir),
                           device=config.device)
-    clients = describe_clients(grid, config)
-    check_num_clients(len(clients), len(cache.train.y))
+    nodes = wait_for_nodes(grid)
+    check_num_clients(len(nodes), len(cache.train.y))
+    clients = describe_clients(grid, nodes)
     partition = summarize_partition(
         config.partition, list(all_partitions(config, len(clients))), cache.train.y)
     log(INFO, "partition %s", partition)
@@ -107,6 +108,10 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     return out
 
 
+class FederationError(RuntimeError):
+    """The clients cannot run this configuration (a set-up exchange failed)."""
+
+
 def wait_for_nodes(grid: Grid, timeout: float = 120.0, settle: float = 1.0) -> list[int]:
     """All connected nodes, once their number has stopped changing for `settle` seconds."""
     deadline = time.monotonic() + timeout
@@ -117,7 +122,7 @@ def wait_for_nodes(grid: Grid, timeout: float = 120.0, settle: float = 1.0) -> l
             return nodes
         previous = nodes
         time.sleep(settle)
-    raise RuntimeError(f"no SuperNode connected within {timeout:.0f} s")
+    raise FederationError(f"no SuperNode connected within {timeout:.0f} s")
 
 
 def exchange(grid: Grid, message_type: str, contents: dict[int, RecordDict]) -> dict[int, RecordDict]:
@@ -126,17 +131,16 @@ def exchange(grid: Grid, message_type: str, contents: dict[int, RecordDict]) -> 
     replies = list(grid.send_and_receive(messages))
     failed = [m for m in replies if m.has_error()]
     if failed:
-        raise RuntimeError(
+        raise FederationError(
             f"{message_type}: {len(failed)} client(s) failed; node {failed[0].metadata.src_node_id} "
             f"said: {failed[0].error.reason}")
     if len(replies) != len(messages):
-        raise RuntimeError(f"{message_type}: {len(replies)} of {len(messages)} clients replied")
+        raise FederationError(f"{message_type}: {len(replies)} of {len(messages)} clients replied")
     return {m.metadata.src_node_id: m.content for m in replies}
 
 
-def describe_clients(grid: Grid, config: RunConfig) -> dict[int, dict]:
+def describe_clients(grid: Grid, nodes: list[int]) -> dict[int, dict]:
     """Every client's partition id and sample count (plus moments, if the norm needs them)."""
-    nodes = wait_for_nodes(grid)
     replies = exchange(grid, p.DESCRIBE, {n: RecordDict({p.CONFIG: ConfigRecord()}) for n in nodes})
     clients = {}
     for node, content in replies.items():
@@ -152,7 +156,7 @@ def _check_partition_ids(clients: dict[int, dict]) -> None:
     counts = {int(c[p.NUM_PARTITIONS]) for c in clients.values()}
     ids = sorted(int(c[p.PARTITION_ID]) for c in clients.values())
     if counts != {len(clients)} or ids != list(range(len(clients))):
-        raise RuntimeError(
+        raise FederationError(
             f"{len(clients)} clients report num-partitions {sorted(counts)} and partition ids "
             f"{ids[:5]}...; each node needs a distinct partition-id in 0..{len(clients) - 1}")
 

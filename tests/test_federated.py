@@ -2,6 +2,7 @@
 
 import csv
 import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import client_app
 import server_app
 from ovalp_flwr import protocol as p
 from ovalp_flwr.cache import load_or_build
+from ovalp_flwr.config import ConfigError
 from ovalp_flwr.local_grid import InProcessGrid, app_config, run_local
 from ovalp_flwr.results import read_summary
 
@@ -95,3 +97,23 @@ def test_server_app_stops_on_bad_config_with_one_line(caplog):
     assert exit_info.value.code == 2
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == ["run config: head='mlp' is not allowed; choose one of: ova, softmax"]
+
+
+def test_more_clients_than_samples_stops_before_any_client_is_asked(cache_dir, tmp_path):
+    with pytest.raises(ConfigError, match="num-supernodes=1500 is not allowed.*1437 samples"):
+        run(cache_dir, tmp_path, clients=1500)
+
+
+def test_server_app_reports_a_corrupted_cache_in_one_line(cache_dir, tmp_path, caplog):
+    broken = tmp_path / "cache"
+    shutil.copytree(cache_dir, broken)
+    train_file = next(broken.glob("*/train.safetensors"))
+    blob = bytearray(train_file.read_bytes())
+    blob[-1] ^= 0xFF
+    train_file.write_bytes(bytes(blob))
+    config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(broken)}
+    context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+    with pytest.raises(SystemExit):
+        server_app.main(InProcessGrid(client_app.app, 4, config), context)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "sha256" in errors[0] and str(broken) in errors[0]
