@@ -3,7 +3,7 @@
 Runs methods x partitions x feature normalisations x seeds through the real ServerApp
 logic and ClientApp handlers in one process (`ovalp_flwr.local_grid`: same records,
 strategy and client code as `flwr run`, delivered by direct calls instead of Ray), and
-writes `benchmarks/results/embedded_default.{json,md}`:
+writes `benchmarks/results/embedded_default.{json,md,png}`:
 
     .venv/bin/python benchmarks/embedded_default.py            # full grid (~10 min, 2 cores)
     .venv/bin/python benchmarks/embedded_default.py --seeds 0 --norms standardize
@@ -61,6 +61,36 @@ def table(rows: list[dict], norms: list[str]) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: list[dict], norms: list[str], path: Path) -> None:
+    """Accuracy per round, one panel per normalisation: IID solid, shard-1 dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(norms), figsize=(4.2 * len(norms), 3.6), sharey=True,
+                             squeeze=False)
+    colors = dict(zip(METHODS, ("tab:red", "tab:blue", "tab:green")))
+    for ax, norm in zip(axes[0], norms):
+        for method in METHODS:
+            for partition, style in (("IID", "-"), ("shard-1", "--")):
+                curves = [r["curve"] for r in rows
+                          if (r["method"], r["partition"], r["feature_norm"]) == (method, partition, norm)]
+                if curves:
+                    mean = 100 * np.mean(curves, axis=0)
+                    ax.plot(np.arange(1, len(mean) + 1), mean, style, color=colors[method],
+                            label=f"{method}, {partition}")
+        ax.set_title(f"feature-norm = {norm}")
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy (%)")
+    axes[0][0].set_ylim(0, 100)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _fmt(values: np.ndarray) -> str:
     return f"{100 * values.mean():.1f} ± {100 * values.std():.1f}"
 
@@ -73,9 +103,16 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--local-epochs", type=int, default=3)
     parser.add_argument("--name", default="embedded_default", help="output file stem")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw the PNG from an existing <name>.json, run nothing")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/ovalp-bench"))
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
+    if args.plot_only:
+        saved = json.loads((OUT / f"{args.name}.json").read_text())["runs"]
+        norms = list(dict.fromkeys(r["feature_norm"] for r in saved))
+        plot(saved, norms, OUT / f"{args.name}.png")
+        return
 
     grid = [(m, p, n, s) for n in args.norms for m in METHODS for p in PARTITIONS for s in args.seeds]
     started, rows = time.time(), []
@@ -91,7 +128,8 @@ def main() -> None:
           f"seeds {args.seeds})\n\n{args.clients} clients, digits through EfficientNet-Lite0, "
           f"AdamW lr 0.01, batch 50, {args.local_epochs} local epochs.\nCommand: `.venv/bin/python "
           f"benchmarks/embedded_default.py {' '.join(sys.argv[1:])}`\n\n{table(rows, args.norms)}\n")
-    (OUT / f"{args.name}.md").write_text(md)
+    (OUT / f"{args.name}.md").write_text(md + f"\n![accuracy per round]({args.name}.png)\n")
+    plot(rows, args.norms, OUT / f"{args.name}.png")
     print(md)
 
 
