@@ -18,8 +18,6 @@ from sklearn.cluster import KMeans
 
 from ovalp_flwr.config import PARTITIONS
 
-
-
 # ---------------------------------------------------------------------------- helpers
 
 
