@@ -154,7 +154,11 @@ def federation_config(num_supernodes: int, num_gpus: float) -> str:
 
 def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Path,
              num_gpus: float | None = None) -> int:
-    """Run the app on `num_supernodes` virtual SuperNodes; returns `flwr run`'s exit code."""
+    """Run the app on `num_supernodes` virtual SuperNodes.
+
+    Returns `flwr run`'s exit code, or 1 if the run printed no result line (a failed
+    ServerApp still lets `flwr run --stream` exit 0).
+    """
     if num_gpus is None:
         num_gpus = 0.25 if _has_cuda() else 0.0
     with simulation_superlink(flwr_home, cwd=app) as (_, address):
@@ -196,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     flwr_args = args.flwr_args[1:] if args.flwr_args[:1] == ["--"] else args.flwr_args
     if args.num_supernodes < 1:
         parser.error(f"--num-supernodes={args.num_supernodes} is not allowed; use 1 or more")
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the SuperLink is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     return simulate(args.app.resolve(), args.num_supernodes, flwr_args, args.flwr_home.resolve(),
                     args.num_gpus)
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
 from ovalp_flwr import __version__
@@ -28,7 +29,7 @@ from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.devices import resolve_device
 from ovalp_flwr.heads import accuracy, build_head, head_from_numpy, head_to_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize
-from ovalp_flwr.partition import summarize_partition
+from ovalp_flwr.partition import PartitionSummary, summarize_partition
 from ovalp_flwr.results import default_run_name, write_run
 from ovalp_flwr.strategy import StagedFedAvg
 
@@ -48,19 +49,6 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     if stats is not None:
         broadcast_stats(grid, stats, list(clients))
 
-    device = resolve_device(config.device)
-    test_x = torch.from_numpy(normalize(config.feature_norm, cache.test.x, stats)).to(device)
-    test_y = torch.from_numpy(cache.test.y.astype(np.int64)).to(device)
-    eval_seconds: dict[int, float] = {}
-    eval_done: dict[int, float] = {}  # round -> when its evaluation ended
-
-    def evaluate_fn(server_round: int, arrays) -> MetricRecord:
-        start = time.perf_counter()
-        acc = accuracy(head_from_numpy(p.from_record(arrays), device), test_x, test_y)
-        eval_done[server_round] = time.perf_counter()
-        eval_seconds[server_round] = eval_done[server_round] - start
-        return MetricRecord({p.ACCURACY: acc})
-
     # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
     digest_config = {p.NORM_DIGEST: stats.digest()} if stats else {}
     strategy = StagedFedAvg(
@@ -71,6 +59,7 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
         fraction_evaluate=config.fraction_evaluate,
         extra_train_config=digest_config,
     )
+    evaluator = CentralEvaluator(cache, config, stats)
     initial = build_head(cache.train.x.shape[1], cache.num_classes, config.seed)
     result = strategy.start(
         grid=grid,
@@ -78,34 +67,62 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
         train_config=ConfigRecord(),
         evaluate_config=ConfigRecord(digest_config),
         num_rounds=config.num_server_rounds,
-        evaluate_fn=evaluate_fn,
+        evaluate_fn=evaluator,
     )
-    accuracies = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_serverapp.items()}
-    local = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_clientapp.items()}
-    rounds = [
-        {"round": r, "accuracy": accuracies[r], "local_accuracy": local.get(r),
-         **strategy.rounds.get(r, {}), "server_eval_seconds": eval_seconds.get(r),
-         "round_seconds": eval_done[r] - eval_done[r - 1]}
-        for r in range(1, config.num_server_rounds + 1)
-    ]
-    summary = {
-        "final_accuracy": accuracies[config.num_server_rounds],
-        "best_accuracy": max(accuracies[r] for r in range(1, config.num_server_rounds + 1)),
-        "initial_accuracy": accuracies[0],
-        "num_clients": len(clients),
-        "config": config.to_dict(),
-        "partition": partition.to_dict(),
-        "features": _feature_info(cache, stats),
-        "rounds": rounds,
-        "total_seconds": time.time() - started,
-        "versions": _versions(),
-    }
+    summary = _summary(config, result, strategy, evaluator, partition, cache, stats)
+    summary["total_seconds"] = time.time() - started
     run_name = config.run_name or default_run_name(config.to_dict())
     out = write_run(resolve_path(config.results_dir), run_name, summary)
     log(INFO, "final accuracy %.4f after %d rounds (%s, %s, %s); results in %s",
         summary["final_accuracy"], config.num_server_rounds, config.head, config.schedule,
         config.partition, out)
     return out
+
+
+class CentralEvaluator:
+    """Scores the global head on the server's test features; remembers when and how long."""
+
+    def __init__(self, cache: CachedFeatures, config: RunConfig, stats: NormStats | None) -> None:
+        self.device = resolve_device(config.device)
+        features = normalize(config.feature_norm, cache.test.x, stats)
+        self.features = torch.from_numpy(features).to(self.device)
+        self.labels = torch.from_numpy(cache.test.y.astype(np.int64)).to(self.device)
+        self.seconds: dict[int, float] = {}
+        self.done_at: dict[int, float] = {}  # round -> when its evaluation ended
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        start = time.perf_counter()
+        head = head_from_numpy(p.from_record(arrays), self.device)
+        acc = accuracy(head, self.features, self.labels)
+        self.done_at[server_round] = time.perf_counter()
+        self.seconds[server_round] = self.done_at[server_round] - start
+        return MetricRecord({p.ACCURACY: acc})
+
+
+def _summary(config: RunConfig, result: Result, strategy: StagedFedAvg,
+             evaluator: CentralEvaluator, partition: PartitionSummary, cache: CachedFeatures,
+             stats: NormStats | None) -> dict:
+    """What `summary.json` holds (README, "Results")."""
+    accuracies = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_serverapp.items()}
+    local = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_clientapp.items()}
+    last = config.num_server_rounds
+    rounds = [
+        {"round": r, "accuracy": accuracies[r], "local_accuracy": local.get(r),
+         **strategy.rounds.get(r, {}), "server_eval_seconds": evaluator.seconds[r],
+         "round_seconds": evaluator.done_at[r] - evaluator.done_at[r - 1]}
+        for r in range(1, last + 1)
+    ]
+    return {
+        "final_accuracy": accuracies[last],
+        "best_accuracy": max(accuracies[r] for r in range(1, last + 1)),
+        "initial_accuracy": accuracies[0],
+        "num_clients": partition.num_clients,
+        "config": config.to_dict(),
+        "partition": partition.to_dict(),
+        "features": _feature_info(cache, stats),
+        "rounds": rounds,
+        "versions": _versions(),
+    }
 
 
 class FederationError(RuntimeError):
