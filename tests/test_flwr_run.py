@@ -1,8 +1,10 @@
 """One real `flwr run` on Ray virtual SuperNodes, through the launcher `make run` uses."""
 
+import contextlib
 import json
 import os
-import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -12,21 +14,37 @@ from ovalp_flwr.cache import load_or_build
 pytestmark = pytest.mark.e2e
 
 
-def flower_processes() -> set[int]:
-    """Live (non-zombie) Flower/Ray processes on this machine."""
-    pattern = ("flower-superlink|flower-superexec|flwr-simulation|flwr-serverapp|flwr-clientapp|"
-               "raylet|gcs_server|ray::")
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
-    return {int(pid) for pid in found.split() if launch._alive(int(pid))}
+def processes_of(flwr_home: Path) -> set[int]:
+    """Live processes started for one run: they all inherit its FLWR_HOME.
+
+    Matching on the environment (not on names) keeps concurrent Flower runs on the same
+    machine out of the count.
+    """
+    marker = f"FLWR_HOME={flwr_home}".encode()
+    found = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        pid = int(environ.parent.name)
+        with contextlib.suppress(OSError):
+            if marker in environ.read_bytes().split(b"\0") and launch._alive(pid):
+                found.add(pid)
+    return found - {os.getpid()}
+
+
+def left_behind(flwr_home: Path, grace: float = 10.0) -> set[int]:
+    """Our processes still alive after `grace` seconds (exiting ones get time to go)."""
+    deadline = time.monotonic() + grace
+    while (alive := processes_of(flwr_home)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return alive
 
 
 def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path):
     cache_dir, results_dir = tmp_path / "cache", tmp_path / "results"
     load_or_build("digits", "pixels", cache_dir, progress=False)
-    before = flower_processes()
     run_config = (f"encoder='pixels' feature-cache-dir='{cache_dir}' results-dir='{results_dir}' "
                   "num-server-rounds=2 run-name='e2e' partition='shard'")
-    code = launch.simulate(launch.PROJECT, num_supernodes=4, flwr_home=tmp_path / "flwr-home",
+    flwr_home = tmp_path / "flwr-home"
+    code = launch.simulate(launch.PROJECT, num_supernodes=4, flwr_home=flwr_home,
                            flwr_args=["--run-config", run_config], num_gpus=0.0)
     assert code == 0
     summary = json.loads((results_dir / "e2e" / "summary.json").read_text())
@@ -34,14 +52,16 @@ def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path):
     assert summary["num_clients"] == 4
     assert [r["stage"] for r in summary["rounds"]] == [1, 2]
     assert summary["final_accuracy"] > 0.2  # 10 classes: chance is 0.1
-    assert flower_processes() - before == set(), "the run left Flower/Ray processes behind"
-    assert os.path.exists(tmp_path / "flwr-home" / "config.toml")
+    assert left_behind(flwr_home) == set(), "the run left Flower/Ray processes behind"
+    assert (flwr_home / "config.toml").exists()
 
 
 def test_flwr_run_with_a_bad_config_fails_with_one_line(tmp_path, capfd):
-    code = launch.simulate(launch.PROJECT, num_supernodes=2, flwr_home=tmp_path / "flwr-home",
+    flwr_home = tmp_path / "flwr-home"
+    code = launch.simulate(launch.PROJECT, num_supernodes=2, flwr_home=flwr_home,
                            flwr_args=["--run-config", "head='mlp'"], num_gpus=0.0)
     output = capfd.readouterr().out
     assert code != 0
     assert "run config: head='mlp' is not allowed; choose one of: ova, softmax" in output
     assert "Traceback" not in output
+    assert left_behind(flwr_home) == set()
