@@ -9,6 +9,7 @@ from flwr.supercore import log
 
 from ovalp_flwr.cache import CacheError
 from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.encoders import EncoderError, WeightsUnavailable
 from ovalp_flwr.server import FederationError, run_server
 
 app = ServerApp()
@@ -18,6 +19,7 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     try:
         run_server(grid, RunConfig.from_mapping(context.run_config))
-    except (ConfigError, CacheError, FederationError) as err:  # one clear line, no traceback
+    except (ConfigError, CacheError, EncoderError, WeightsUnavailable, FederationError) as err:
+        # one clear line, no traceback
         log(ERROR, "%s", err)
         sys.exit(2)

@@ -31,6 +31,7 @@ class RunConfig:
 
     dataset: str = "digits"
     encoder: str = "efficientnet-lite0"
+    data_dir: str = ""  # local dataset files; "" = $OVALP_DATA_DIR, else ../shared/data
     feature_cache_dir: str = "feature_cache"
     head: str = "ova"
     schedule: str = "two-stage"

@@ -38,7 +38,7 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     """One OvA-LP (or LP-softmax) run; returns its results folder."""
     started = time.time()
     cache = load_or_build(config.dataset, config.encoder, resolve_path(config.feature_cache_dir),
-                          device=config.device)
+                          data_dir=config.data_dir or None, device=config.device)
     nodes = wait_for_nodes(grid)
     check_num_clients(len(nodes), len(cache.train.y))
     clients = describe_clients(grid, nodes)

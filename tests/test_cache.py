@@ -15,7 +15,7 @@ import pytest
 from ovalp_flwr import cache
 from ovalp_flwr.cache import CacheError, build_features, cache_path, load_features, load_or_build
 from ovalp_flwr.datasets import load_dataset
-from ovalp_flwr.encoders import load_encoder
+from ovalp_flwr.encoders import encoder_identity, load_encoder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,6 +88,9 @@ def test_build_then_load_round_trips(built: Path, tmp_path: Path) -> None:
             "encoder_identity.preprocessing.image_size",
         ),
         (lambda m: m.update(format_version=0), "format_version"),
+        (lambda m: m["encoder_identity"].update(dtype="bf16"), "encoder_identity.dtype"),
+        (lambda m: m.update(limit_per_class=5), "limit_per_class"),
+        (lambda m: m.update(modality="text"), "modality"),
     ],
 )
 def test_manifest_mismatch_names_the_key(built: Path, tmp_path: Path, edit, key: str) -> None:
@@ -203,12 +206,13 @@ def test_concurrent_processes_share_one_first_build(tmp_path: Path) -> None:
 
 
 def test_loading_needs_no_timm(built: Path, tmp_path: Path) -> None:
-    """A ClientApp loads features and checks the Lite0 identity without timm or torchvision."""
+    """A ClientApp loads features and checks the Lite0 or MiniLM identity without timm,
+    torchvision or transformers (hub encoders' identities read timm's pretrained config)."""
     code = (
         "import sys; from pathlib import Path; from ovalp_flwr import cache, encoders; "
         "cache.load_features('digits', 'pixels', Path(sys.argv[1])); "
-        "encoders.encoder_identity('efficientnet-lite0'); "
-        "print(sorted(m for m in ('timm', 'torchvision') if m in sys.modules))"
+        "encoders.encoder_identity('efficientnet-lite0'); encoders.encoder_identity('minilm'); "
+        "print(sorted(m for m in ('timm', 'torchvision', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)],
@@ -219,3 +223,93 @@ def test_loading_needs_no_timm(built: Path, tmp_path: Path) -> None:
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert out.stdout.strip() == "[]"
+
+
+# --- text caches, modality, limits ----------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_texts(tmp_path: Path) -> Path:
+    """A data dir with `tiny.csv` (3 classes x 5 rows), loaded as dataset 'csv:tiny'."""
+    rows = {
+        "sport": [
+            "The team won the final.",
+            "A late goal decided the match.",
+            "She ran a record marathon.",
+            "The coach was sacked.",
+            "Fans filled the stadium.",
+        ],
+        "money": [
+            "Shares fell sharply.",
+            "The bank raised rates.",
+            "Oil prices climbed.",
+            "The company posted a loss.",
+            "Investors sold bonds.",
+        ],
+        "space": [
+            "The rocket reached orbit.",
+            "A new exoplanet was found.",
+            "Astronauts docked with the station.",
+            "The telescope imaged a galaxy.",
+            "A comet passed Earth.",
+        ],
+    }
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = ["text,label"] + [f'"{t}",{label}' for label, texts in rows.items() for t in texts]
+    (data / "tiny.csv").write_text("\n".join(lines) + "\n")
+    return data
+
+
+def test_text_cache_builds_and_verifies(tmp_path: Path, tiny_texts: Path) -> None:
+    built = build_features(
+        "csv:tiny", "minilm", tmp_path / "c", data_dir=tiny_texts, progress=False
+    )
+    loaded = load_features("csv:tiny", "minilm", tmp_path / "c")
+    assert (loaded.train.x.shape, loaded.test.x.shape) == ((12, 384), (3, 384))
+    assert np.array_equal(loaded.train.x, built.train.x) and loaded.num_classes == 3
+    manifest = loaded.manifest
+    assert (manifest["modality"], manifest["build"]["unit"], manifest["limit_per_class"]) == (
+        "text",
+        "texts",
+        None,
+    )
+    assert manifest["encoder_identity"] == encoder_identity("minilm")
+    ds = load_dataset("csv:tiny", tiny_texts)
+    direct = load_encoder("minilm", device="cpu").encode(list(ds.test.texts))
+    np.testing.assert_allclose(loaded.test.x, direct, atol=1e-5)  # length-sorted batches, same rows
+    assert np.array_equal(loaded.test.y, ds.test.labels)
+
+
+def test_modality_mismatch_is_one_line(tmp_path: Path, tiny_texts: Path) -> None:
+    with pytest.raises(
+        CacheError, match=r"^encoder 'minilm' reads text; dataset 'digits' is image$"
+    ):
+        build_features("digits", "minilm", tmp_path, progress=False)
+    with pytest.raises(
+        CacheError, match=r"^encoder 'pixels' reads image; dataset 'csv:tiny' is text$"
+    ):
+        load_or_build("csv:tiny", "pixels", tmp_path, data_dir=tiny_texts, progress=False)
+    assert not any(tmp_path.glob("*__*"))
+
+
+def test_a_limited_cache_is_never_the_full_one(tmp_path: Path) -> None:
+    limited = build_features("digits", "pixels", tmp_path, limit_per_class=5, progress=False)
+    assert np.bincount(limited.train.y).tolist() == [5] * 10
+    assert limited.manifest["limit_per_class"] == 5
+    path = cache_path(tmp_path, "digits", "pixels", 5)
+    assert (
+        path.name == "digits__pixels@limit5"
+        and cache_path(tmp_path, "digits", "pixels").name == "digits__pixels"
+    )
+    with pytest.raises(CacheError, match="digits__pixels does not exist"):
+        load_features("digits", "pixels", tmp_path)
+    assert load_features("digits", "pixels", tmp_path, limit_per_class=5).train.x.shape == (50, 64)
+    path.rename(cache_path(tmp_path, "digits", "pixels"))  # passed off as the full cache
+    with pytest.raises(CacheError, match=r"limit_per_class mismatch: expected None, found 5"):
+        load_or_build("digits", "pixels", tmp_path, progress=False)
+
+
+def test_unknown_encoder_option_is_named(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"unknown encoder option 'colour'; choose from image_size"):
+        load_features("digits", "pixels", tmp_path, colour="red")
