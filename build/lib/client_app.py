@@ -1,0 +1,11 @@
+"""Flower ClientApp: wiring only (handlers live in `ovalp_flwr.client`)."""
+
+from flwr.clientapp import ClientApp
+
+from ovalp_flwr import client
+
+app = ClientApp()
+app.train()(client.train)
+app.evaluate()(client.evaluate)
+app.query("describe")(client.describe)
+app.query("set_norm")(client.set_norm)

@@ -1,0 +1,149 @@
+"""One typed, validated view of the run config (`[tool.flwr.app.config]` + overrides).
+
+Both apps build a `RunConfig` once from `context.run_config`; every bad value stops the
+run with a single `ConfigError` line naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+HEADS = ("ova", "softmax")
+SCHEDULES = ("two-stage", "single-stage")
+PARTITIONS = ("iid", "shard", "bernoulli-dirichlet", "zipf", "feature-skew")
+FEATURE_NORMS = ("none", "l2", "standardize", "center-l2")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A run-config value that is not allowed; the message is one self-contained line."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        super().__init__(f"run config: {key}={value!r} is not allowed; {allowed}")
+        self.key, self.value, self.allowed = key, value, allowed
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every knob of a run, with the paper's main setting as defaults."""
+
+    dataset: str = "digits"
+    encoder: str = "efficientnet-lite0"
+    data_dir: str = ""  # local dataset files; "" = $OVALP_DATA_DIR, else ../shared/data
+    feature_cache_dir: str = "feature_cache"
+    head: str = "ova"
+    schedule: str = "two-stage"
+    stage1_rounds: int = 1
+    partition: str = "shard"
+    classes_per_client: int = 1
+    dirichlet_p: float = 0.1
+    dirichlet_alpha: float = 0.001
+    zipf_s: float = 2.0
+    num_server_rounds: int = 20
+    local_epochs: int = 3
+    batch_size: int = 50
+    learning_rate: float = 0.01
+    weight_decay: float = 1e-4
+    fraction_train: float = 1.0
+    fraction_evaluate: float = 0.0
+    seed: int = 0
+    feature_norm: str = "standardize"
+    device: str = "auto"
+    run_name: str = ""
+    results_dir: str = "results"
+
+    @classmethod
+    def from_mapping(cls, run_config: Mapping[str, Any]) -> "RunConfig":
+        """Build from Flower's run config (dash-case keys); unknown keys are errors."""
+        known = {f.name.replace("_", "-"): f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in run_config.items():
+            if key not in known:
+                raise ConfigError(key, value, f"known keys: {', '.join(sorted(known))}")
+            values[known[key].name] = _coerce(key, value, known[key].type)
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        """Dash-case keys, as in pyproject, for results files."""
+        return {k.replace("_", "-"): v for k, v in dataclasses.asdict(self).items()}
+
+    @property
+    def stages(self) -> bool:
+        """Whether the run uses a positives-only first stage at all."""
+        return self.head == "ova" and self.schedule == "two-stage" and self.stage1_rounds > 0
+
+    def stage_for_round(self, server_round: int) -> int:
+        """The server's stage decision: 1 = positives only, 2 = all heads (BCE)."""
+        return 1 if self.stages and server_round <= self.stage1_rounds else 2
+
+    def validate(self) -> None:
+        _one_of("head", self.head, HEADS)
+        _one_of("schedule", self.schedule, SCHEDULES)
+        _one_of("partition", self.partition, PARTITIONS)
+        _one_of("feature-norm", self.feature_norm, FEATURE_NORMS)
+        _one_of("device", self.device, DEVICES)
+        _at_least("stage1-rounds", self.stage1_rounds, 0)
+        _at_least("classes-per-client", self.classes_per_client, 1)
+        _at_least("num-server-rounds", self.num_server_rounds, 1)
+        _at_least("local-epochs", self.local_epochs, 1)
+        _at_least("batch-size", self.batch_size, 1)
+        _at_least("seed", self.seed, 0)
+        _positive("learning-rate", self.learning_rate)
+        _positive("dirichlet-alpha", self.dirichlet_alpha)
+        _positive("zipf-s", self.zipf_s)
+        if self.weight_decay < 0:
+            raise ConfigError("weight-decay", self.weight_decay, "use a value >= 0")
+        if not 0 < self.dirichlet_p <= 1:
+            raise ConfigError("dirichlet-p", self.dirichlet_p, "use a probability in (0, 1]")
+        if not 0 < self.fraction_train <= 1:
+            raise ConfigError("fraction-train", self.fraction_train, "use a fraction in (0, 1]")
+        if not 0 <= self.fraction_evaluate <= 1:
+            raise ConfigError(
+                "fraction-evaluate", self.fraction_evaluate, "use a fraction in [0, 1]"
+            )
+        for key, name in (("run-name", self.run_name), ("dataset", self.dataset)):
+            if "/" in name or name.startswith("."):
+                raise ConfigError(key, name, "use a plain name without '/' or a leading '.'")
+
+
+def check_num_clients(num_clients: int, num_samples: int) -> None:
+    """Each client needs a chance of data: more clients than samples is a config error."""
+    if num_clients < 1:
+        raise ConfigError("num-supernodes", num_clients, "start at least one SuperNode")
+    if num_clients > num_samples:
+        raise ConfigError(
+            "num-supernodes",
+            num_clients,
+            f"the training split has only {num_samples} samples; use at most that many clients",
+        )
+
+
+def _coerce(key: str, value: Any, type_name: Any) -> Any:
+    """Flower's TOML values arrive typed, but `--run-config` ints may stand for floats."""
+    kind = type_name if isinstance(type_name, str) else type_name.__name__
+    if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind == "str" and isinstance(value, str):
+        return value
+    raise ConfigError(key, value, f"expected a value of type {kind}")
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(key, value, f"choose one of: {', '.join(allowed)}")
+
+
+def _at_least(key: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise ConfigError(key, value, f"use an integer >= {minimum}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(key, value, "use a value > 0")

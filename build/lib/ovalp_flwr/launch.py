@@ -1,0 +1,210 @@
+"""`flwr run .` in local simulation, with a SuperLink this process starts and stops.
+
+Flower's default `local` connection starts a detached SuperLink that outlives the run
+and lets the number of virtual SuperNodes default to 2. This launcher instead starts
+`flower-superlink --simulation` in its own process group on free loopback ports, points
+a project-local Flower config (`.flwr/config.toml`, so `~/.flwr` is untouched) at it,
+runs `flwr run <app> ovalp-local --stream` with the requested number of SuperNodes, and
+stops the whole process group by PID on exit, error or Ctrl-C.
+
+    python -m ovalp_flwr.launch --num-supernodes 100 -- --run-config "head='softmax'"
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+CONNECTION = "ovalp-local"
+FINAL_LINE = "final accuracy "  # the ServerApp's closing log line starts like this
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for Flower's processes: local state, no telemetry, no runtime pip.
+
+    Our interpreter's bin/ goes first on PATH: the SuperLink starts `flower-superexec`
+    and the simulation runtime by name.
+    """
+    return {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of `pid` (Linux /proc), detached sessions included.
+
+    The SuperLink starts `flower-superexec` in a new session, which starts the simulation
+    and Ray; they are outside our process group but still in our process tree.
+    """
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        kids = children.get(frontier.pop(), [])
+        found += kids
+        frontier += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent to reap it counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def stop_group(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """Stop `process`, its process group and every process it started, by PID.
+
+    SIGTERM first (Flower shuts its children down), SIGKILL for whatever is left.
+    """
+    tree = descendants(process.pid)
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace)
+    _signal(tree, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    _signal([pid for pid in tree if _alive(pid)], signal.SIGKILL)
+    process.wait()
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with {process.returncode}; see {log}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"flower-superlink did not listen on port {port} in {timeout:.0f} s; see {log}")
+
+
+@contextlib.contextmanager
+def simulation_superlink(flwr_home: Path, cwd: Path = PROJECT) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A simulation SuperLink in its own process group; yields (process, address)."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = flwr_home / "superlink.log"
+    command = [_bin("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+               "--host", "127.0.0.1", "--port", str(port)]
+    with open(log, "ab") as log_file:
+        process = subprocess.Popen(command, cwd=cwd, env=flower_env(flwr_home), stdout=log_file,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_port(port, process, log)
+        yield process, f"127.0.0.1:{port}"
+    finally:
+        stop_group(process)
+
+
+def write_flower_config(flwr_home: Path, address: str) -> None:
+    """Point the `ovalp-local` connection (the default) at our SuperLink."""
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+        f'[superlink.{CONNECTION}]\naddress = "{address}"\ninsecure = true\n'
+    )
+
+
+def federation_config(num_supernodes: int, num_gpus: float) -> str:
+    return (f"num-supernodes={num_supernodes} client-resources-num-cpus=1 "
+            f"client-resources-num-gpus={num_gpus}")
+
+
+def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Path,
+             num_gpus: float | None = None) -> int:
+    """Run the app on `num_supernodes` virtual SuperNodes.
+
+    Returns `flwr run`'s exit code, or 1 if the run printed no result line (a failed
+    ServerApp still lets `flwr run --stream` exit 0).
+    """
+    if num_gpus is None:
+        num_gpus = 0.25 if _has_cuda() else 0.0
+    with simulation_superlink(flwr_home, cwd=app) as (_, address):
+        write_flower_config(flwr_home, address)
+        command = [_bin("flwr"), "run", str(app), CONNECTION, "--stream",
+                   "--federation-config", federation_config(num_supernodes, num_gpus), *flwr_args]
+        run = subprocess.Popen(command, cwd=app, env=flower_env(flwr_home), start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        final_line = None
+        try:
+            for line in run.stdout:  # stream the run's log, remember its closing line
+                sys.stdout.write(line)
+                if FINAL_LINE in line:
+                    final_line = line.split(FINAL_LINE, 1)[1].strip()
+            code = run.wait()
+        finally:
+            stop_group(run)
+    # Ray and Flower log a few lines after the ServerApp ends: repeat the result last.
+    print(f"{FINAL_LINE}{final_line}" if final_line else f"run ended (exit {code}) without a result line")
+    return code if final_line else (code or 1)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-supernodes", type=int, default=100)
+    parser.add_argument("--num-gpus", type=float, default=None,
+                        help="GPU share per virtual client (default 0.25 with CUDA, else 0)")
+    parser.add_argument("--app", type=Path, default=PROJECT)
+    parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr")
+    parser.add_argument("flwr_args", nargs=argparse.REMAINDER,
+                        help="passed to `flwr run` after `--` (e.g. --run-config ...)")
+    args = parser.parse_args(argv)
+    flwr_args = args.flwr_args[1:] if args.flwr_args[:1] == ["--"] else args.flwr_args
+    if args.num_supernodes < 1:
+        parser.error(f"--num-supernodes={args.num_supernodes} is not allowed; use 1 or more")
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the SuperLink is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    return simulate(args.app.resolve(), args.num_supernodes, flwr_args, args.flwr_home.resolve(),
+                    args.num_gpus)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

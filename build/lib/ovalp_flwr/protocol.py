@@ -1,0 +1,39 @@
+"""Names both apps agree on: message types and record keys.
+
+A run is: one `query.describe` to every client (who is there, how much data, and the
+feature moments if the normalisation needs global statistics), one `query.set_norm`
+that gives every client the global mean/std, then the FedAvg rounds (`train`, and
+`evaluate` if fraction-evaluate > 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+DESCRIBE = "query.describe"
+SET_NORM = "query.set_norm"
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+MOMENTS = "moments"
+NORM = "norm"
+
+NUM_EXAMPLES = "num-examples"
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+TRAIN_LOSS = "train-loss"
+TRAIN_SECONDS = "train-seconds"
+ACCURACY = "accuracy"
+STAGE = "stage"
+NORM_DIGEST = "norm-digest"
+NORM_STATE = "ovalp-norm"  # key of the client's stored statistics in context.state
+
+
+def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in arrays.items()})
+
+
+def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {key: value.numpy() for key, value in record.items()}

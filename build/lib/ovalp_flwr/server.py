@@ -1,0 +1,208 @@
+"""The ServerApp's run: set-up exchanges, the staged FedAvg rounds, results.
+
+`server_app.py` only wires this to Flower. Order of a run:
+1. build or load the feature cache (the server scores the global head on its test split);
+2. `query.describe` to every client: partition ids, sample counts, feature moments;
+3. `query.set_norm`: the global mean/std every client normalises with;
+4. FedAvg rounds with the stage in each train message, centralised evaluation after each;
+5. `results/<run-name>/summary.json` + `rounds.csv`, and one closing line.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+from flwr.supercore import log
+
+from ovalp_flwr import __version__
+from ovalp_flwr import protocol as p
+from ovalp_flwr.cache import CachedFeatures, load_or_build
+from ovalp_flwr.client_data import all_partitions, resolve_path
+from ovalp_flwr.config import RunConfig, check_num_clients
+from ovalp_flwr.devices import resolve_device
+from ovalp_flwr.heads import accuracy, build_head, head_from_numpy, head_to_numpy
+from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize
+from ovalp_flwr.partition import PartitionSummary, summarize_partition
+from ovalp_flwr.results import default_run_name, write_run
+from ovalp_flwr.strategy import StagedFedAvg
+
+
+def run_server(grid: Grid, config: RunConfig) -> Path:
+    """One OvA-LP (or LP-softmax) run; returns its results folder."""
+    started = time.time()
+    cache = load_or_build(config.dataset, config.encoder, resolve_path(config.feature_cache_dir),
+                          data_dir=config.data_dir or None, device=config.device)
+    nodes = wait_for_nodes(grid)
+    check_num_clients(len(nodes), len(cache.train.y))
+    clients = describe_clients(grid, nodes)
+    partition = summarize_partition(
+        config.partition, list(all_partitions(config, len(clients))), cache.train.y)
+    log(INFO, "partition %s", partition)
+    stats = global_stats(config, clients)
+    if stats is not None:
+        broadcast_stats(grid, stats, list(clients))
+
+    # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
+    digest_config = {p.NORM_DIGEST: stats.digest()} if stats else {}
+    strategy = StagedFedAvg(
+        stage_for_round=config.stage_for_round,
+        seed=config.seed,
+        node_order=sorted(clients, key=lambda node: clients[node][p.PARTITION_ID]),
+        fraction_train=config.fraction_train,
+        fraction_evaluate=config.fraction_evaluate,
+        extra_train_config=digest_config,
+    )
+    evaluator = CentralEvaluator(cache, config, stats)
+    initial = build_head(cache.train.x.shape[1], cache.num_classes, config.seed)
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=p.to_record(head_to_numpy(initial)),
+        train_config=ConfigRecord(),
+        evaluate_config=ConfigRecord(digest_config),
+        num_rounds=config.num_server_rounds,
+        evaluate_fn=evaluator,
+    )
+    summary = _summary(config, result, strategy, evaluator, partition, cache, stats)
+    summary["total_seconds"] = time.time() - started
+    run_name = config.run_name or default_run_name(config.to_dict())
+    out = write_run(resolve_path(config.results_dir), run_name, summary)
+    log(INFO, "final accuracy %.4f after %d rounds (%s, %s, %s); results in %s",
+        summary["final_accuracy"], config.num_server_rounds, config.head, config.schedule,
+        config.partition, out)
+    return out
+
+
+class CentralEvaluator:
+    """Scores the global head on the server's test features; remembers when and how long."""
+
+    def __init__(self, cache: CachedFeatures, config: RunConfig, stats: NormStats | None) -> None:
+        self.device = resolve_device(config.device)
+        features = normalize(config.feature_norm, cache.test.x, stats)
+        self.features = torch.from_numpy(features).to(self.device)
+        self.labels = torch.from_numpy(cache.test.y.astype(np.int64)).to(self.device)
+        self.seconds: dict[int, float] = {}
+        self.done_at: dict[int, float] = {}  # round -> when its evaluation ended
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        start = time.perf_counter()
+        head = head_from_numpy(p.from_record(arrays), self.device)
+        acc = accuracy(head, self.features, self.labels)
+        self.done_at[server_round] = time.perf_counter()
+        self.seconds[server_round] = self.done_at[server_round] - start
+        return MetricRecord({p.ACCURACY: acc})
+
+
+def _summary(config: RunConfig, result: Result, strategy: StagedFedAvg,
+             evaluator: CentralEvaluator, partition: PartitionSummary, cache: CachedFeatures,
+             stats: NormStats | None) -> dict:
+    """What `summary.json` holds (README, "Results")."""
+    accuracies = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_serverapp.items()}
+    local = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_clientapp.items()}
+    last = config.num_server_rounds
+    rounds = [
+        {"round": r, "accuracy": accuracies[r], "local_accuracy": local.get(r),
+         **strategy.rounds.get(r, {}), "server_eval_seconds": evaluator.seconds[r],
+         "round_seconds": evaluator.done_at[r] - evaluator.done_at[r - 1]}
+        for r in range(1, last + 1)
+    ]
+    return {
+        "final_accuracy": accuracies[last],
+        "best_accuracy": max(accuracies[r] for r in range(1, last + 1)),
+        "initial_accuracy": accuracies[0],
+        "num_clients": partition.num_clients,
+        "config": config.to_dict(),
+        "partition": partition.to_dict(),
+        "features": _feature_info(cache, stats),
+        "rounds": rounds,
+        "versions": _versions(),
+    }
+
+
+class FederationError(RuntimeError):
+    """The clients cannot run this configuration (a set-up exchange failed)."""
+
+
+def wait_for_nodes(grid: Grid, timeout: float = 120.0, settle: float = 1.0) -> list[int]:
+    """All connected nodes, once their number has stopped changing for `settle` seconds."""
+    deadline = time.monotonic() + timeout
+    previous: list[int] = []
+    while time.monotonic() < deadline:
+        nodes = sorted(grid.get_node_ids())
+        if nodes and nodes == previous:
+            return nodes
+        previous = nodes
+        time.sleep(settle)
+    raise FederationError(f"no SuperNode connected within {timeout:.0f} s")
+
+
+def exchange(grid: Grid, message_type: str, contents: dict[int, RecordDict]) -> dict[int, RecordDict]:
+    """Send one message to each node and return the replies; any client error stops the run."""
+    messages = [Message(content=c, message_type=message_type, dst_node_id=n) for n, c in contents.items()]
+    replies = list(grid.send_and_receive(messages))
+    failed = [m for m in replies if m.has_error()]
+    if failed:
+        raise FederationError(
+            f"{message_type}: {len(failed)} client(s) failed; node {failed[0].metadata.src_node_id} "
+            f"said: {failed[0].error.reason}")
+    if len(replies) != len(messages):
+        raise FederationError(f"{message_type}: {len(replies)} of {len(messages)} clients replied")
+    return {m.metadata.src_node_id: m.content for m in replies}
+
+
+def describe_clients(grid: Grid, nodes: list[int]) -> dict[int, dict]:
+    """Every client's partition id and sample count (plus moments, if the norm needs them)."""
+    replies = exchange(grid, p.DESCRIBE, {n: RecordDict({p.CONFIG: ConfigRecord()}) for n in nodes})
+    clients = {}
+    for node, content in replies.items():
+        info = dict(content[p.METRICS])
+        if p.MOMENTS in content:
+            info[p.MOMENTS] = p.from_record(content[p.MOMENTS])
+        clients[node] = info
+    _check_partition_ids(clients)
+    return clients
+
+
+def _check_partition_ids(clients: dict[int, dict]) -> None:
+    counts = {int(c[p.NUM_PARTITIONS]) for c in clients.values()}
+    ids = sorted(int(c[p.PARTITION_ID]) for c in clients.values())
+    if counts != {len(clients)} or ids != list(range(len(clients))):
+        raise FederationError(
+            f"{len(clients)} clients report num-partitions {sorted(counts)} and partition ids "
+            f"{ids[:5]}...; each node needs a distinct partition-id in 0..{len(clients) - 1}")
+
+
+def global_stats(config: RunConfig, clients: dict[int, dict]) -> NormStats | None:
+    """Merge the clients' moments into the global mean/std (None if the norm needs none)."""
+    if not NEEDS_STATS[config.feature_norm]:
+        return None
+    parts = [FeatureMoments(int(c[p.NUM_EXAMPLES]), c[p.MOMENTS]["sum"], c[p.MOMENTS]["sum-sq"])
+             for c in clients.values() if p.MOMENTS in c]
+    return NormStats.from_moments(FeatureMoments.merge(parts))
+
+
+def broadcast_stats(grid: Grid, stats: NormStats, nodes: list[int]) -> None:
+    record = p.to_record({"mean": stats.mean, "std": stats.std})
+    exchange(grid, p.SET_NORM, {n: RecordDict({p.NORM: record}) for n in nodes})
+
+
+def _feature_info(cache: CachedFeatures, stats: NormStats | None) -> dict:
+    return {
+        "train_shape": list(cache.train.x.shape),
+        "test_shape": list(cache.test.x.shape),
+        "num_classes": cache.num_classes,
+        "norm_digest": stats.digest() if stats else None,
+        "cache_manifest": {k: v for k, v in cache.manifest.items() if k != "splits"},
+    }
+
+
+def _versions() -> dict:
+    import flwr
+
+    return {"ovalp_flwr": __version__, "flwr": flwr.__version__, "torch": torch.__version__}
