@@ -166,3 +166,44 @@ def _hub_local_copy(name: str, repo_id: str, filename: str, hint: str = "") -> s
             f"offline encoders: {', '.join(offline_encoders())}{hint}"
         ) from err
     return None
+
+
+class NetworkEncoder:
+    """What every frozen-network encoder shares: its device, options, identity and `encode`.
+
+    Subclasses say how a batch becomes the network's input (`prepare`) and how the
+    network's output becomes features (`forward`); `encode` is the two in a row.
+    """
+
+    modality: Modality
+
+    def __init__(
+        self,
+        name: str,
+        model: torch.nn.Module,
+        identity: dict[str, Any],
+        device: torch.device,
+        *,
+        dtype: str = "fp32",
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> None:
+        self.name = name
+        self.feature_dim = int(identity["feature_dim"])
+        self.device = device
+        self.batch_size = batch_size
+        self.dtype = dtype
+        self.model = model.to(device).eval()
+        self._identity = identity
+
+    def identity(self) -> dict[str, Any]:
+        return self._identity
+
+    def prepare(self, batch: Any) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def encode(self, batch: Any) -> np.ndarray:
+        return self.forward(*self.prepare(batch)).cpu().numpy()

@@ -19,6 +19,7 @@ from ovalp_flwr.encoders._common import (
     Encoder,
     EncoderOptions,
     Modality,
+    NetworkEncoder,
     _autocast,
 )
 
@@ -125,7 +126,7 @@ def _center_crop(x: torch.Tensor, size: int) -> torch.Tensor:
 # --- encoders -------------------------------------------------------------------------------
 
 
-class ImageEncoder:
+class ImageEncoder(NetworkEncoder):
     """A frozen backbone plus its preprocessing, run on one device in inference mode."""
 
     modality: Modality = "image"
@@ -141,17 +142,8 @@ class ImageEncoder:
         dtype: str = "fp32",
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
-        self.name = name
-        self.feature_dim = int(identity["feature_dim"])
-        self.device = device
-        self.batch_size = batch_size
-        self.dtype = dtype
-        self.model = model.to(device).eval()
+        super().__init__(name, model, identity, device, dtype=dtype, batch_size=batch_size)
         self.preprocess = preprocess
-        self._identity = identity
-
-    def identity(self) -> dict[str, Any]:
-        return self._identity
 
     @torch.inference_mode()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -167,10 +159,6 @@ class ImageEncoder:
     def prepare(self, batch: np.ndarray) -> tuple[torch.Tensor]:
         """uint8 images -> the network's input on the device (what `forward` takes)."""
         return (self.preprocess(_as_tensor(batch, self.device)),)
-
-    @torch.inference_mode()
-    def encode(self, batch: np.ndarray) -> np.ndarray:
-        return self.forward(*self.prepare(batch)).cpu().numpy()
 
 
 class PixelEncoder:

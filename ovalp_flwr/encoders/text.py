@@ -26,6 +26,7 @@ from ovalp_flwr.encoders._common import (
     Encoder,
     EncoderOptions,
     Modality,
+    NetworkEncoder,
     _autocast,
     _check_dim,
     _file_weights,
@@ -64,7 +65,7 @@ def _quiet_transformers() -> Iterator[Any]:
 Tokenize = Callable[[Sequence[str]], Mapping[str, torch.Tensor]]
 
 
-class TextEncoder:
+class TextEncoder(NetworkEncoder):
     """A frozen transformer: tokenize, forward, pool over the attention mask (mean) or take the
     first token (cls), optionally L2-normalise."""
 
@@ -81,21 +82,12 @@ class TextEncoder:
         dtype: str = "fp32",
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
-        self.name = name
-        self.feature_dim = int(identity["feature_dim"])
-        self.device = device
-        self.batch_size = batch_size
-        self.dtype = dtype
-        self.model = model.to(device).eval()
+        super().__init__(name, model, identity, device, dtype=dtype, batch_size=batch_size)
         self.tokenize = tokenize
         self.pooling = str(identity["pooling"])
         self.normalize = identity.get("normalize") == "l2"
         config: Any = model.config
         self.vocab_size = int(config.vocab_size)
-        self._identity = identity
-
-    def identity(self) -> dict[str, Any]:
-        return self._identity
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -120,9 +112,6 @@ class TextEncoder:
             )
         tokens = self.tokenize(list(batch))
         return tokens["input_ids"].to(self.device), tokens["attention_mask"].to(self.device)
-
-    def encode(self, batch: Sequence[str]) -> np.ndarray:
-        return self.forward(*self.prepare(batch)).cpu().numpy()
 
 
 def _hf_tokenizer(tokenizer: Any, max_length: int) -> Tokenize:
