@@ -49,35 +49,37 @@ class ImageSplit:
 
 
 @dataclass(frozen=True)
-class ImageDataset:
-    name: str
-    train: ImageSplit
-    test: ImageSplit
-    class_names: tuple[str, ...]
-    modality: ClassVar[Modality] = "image"
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-
-@dataclass(frozen=True)
 class TextSplit:
     texts: tuple[str, ...]
     labels: np.ndarray  # int64 [N]
 
 
 @dataclass(frozen=True)
-class TextDataset:
+class LabelledDataset:
+    """A named train/test pair with its class names; the subclasses fix the modality."""
+
     name: str
-    train: TextSplit
-    test: TextSplit
+    train: ImageSplit | TextSplit
+    test: ImageSplit | TextSplit
     class_names: tuple[str, ...]
-    modality: ClassVar[Modality] = "text"
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+
+@dataclass(frozen=True)
+class ImageDataset(LabelledDataset):
+    train: ImageSplit
+    test: ImageSplit
+    modality: ClassVar[Modality] = "image"
+
+
+@dataclass(frozen=True)
+class TextDataset(LabelledDataset):
+    train: TextSplit
+    test: TextSplit
+    modality: ClassVar[Modality] = "text"
 
 
 Dataset = ImageDataset | TextDataset
