@@ -75,6 +75,13 @@ class CachedFeatures:
     num_classes: int
     manifest: dict[str, Any]
 
+    def feature_space(self) -> str:
+        """Digest of what makes two caches' features and labels interchangeable: the encoder
+        identity (weights, preprocessing, dtype, size) and the ordered class names, not the data.
+        Nodes with their own data must agree on it with the server."""
+        space = {k: self.manifest.get(k) for k in ("encoder_identity", "class_names", "dtype")}
+        return hashlib.sha256(json.dumps(space, sort_keys=True).encode()).hexdigest()[:16]
+
 
 def cache_path(
     cache_dir: Path, dataset: str, encoder: str, limit_per_class: int | None = None
@@ -258,17 +265,17 @@ def _build(
     *,
     replace: bool,
 ) -> CachedFeatures:
-    from ovalp_flwr.datasets import load_dataset
+    from ovalp_flwr.datasets import dataset_modality, load_dataset
 
     _identity(encoder, opts)  # unknown names and bad options fail before any data is read
+    if dataset_modality(dataset) != encoder_modality(encoder):  # ... and so does a mismatch
+        raise CacheError(
+            f"encoder {encoder!r} reads {encoder_modality(encoder)}; "
+            f"dataset {dataset!r} is {dataset_modality(dataset)}"
+        )
     clock = time.perf_counter()
     data = load_dataset(dataset, data_dir=settings.data_dir, limit_per_class=limit_per_class)
     load_seconds = time.perf_counter() - clock
-    if data.modality != encoder_modality(encoder):
-        raise CacheError(
-            f"encoder {encoder!r} reads {encoder_modality(encoder)}; "
-            f"dataset {dataset!r} is {data.modality}"
-        )
     clock = time.perf_counter()
     enc = load_encoder(
         encoder, device=settings.device, batch_size=settings.batch_size, **dataclasses.asdict(opts)

@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from ovalp_flwr import protocol as p
-from ovalp_flwr.client_data import client_rows, feature_source, partition_spec
+from ovalp_flwr.client_data import (
+    client_rows,
+    feature_source,
+    node_features,
+    noise_spec,
+    noisy_count,
+    partition_spec,
+)
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.heads import accuracy, head_from_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
@@ -33,13 +40,22 @@ def node_partition(context: Context) -> tuple[int, int]:
 
 
 def describe(msg: Message, context: Context) -> Message:
-    """Who this client is, how many samples it has, and (if needed) its feature moments."""
+    """Who this client is, how many samples it has, which feature space its cache is in, and
+    (if the normalisation needs them) its feature moments. A node with its own data builds its
+    cache here, on the run's first message."""
     config = RunConfig.from_mapping(context.run_config)
     partition_id, num_partitions = node_partition(context)
-    features, labels = client_rows(config, partition_id, num_partitions)
-    content = RecordDict({p.METRICS: MetricRecord({
-        p.PARTITION_ID: partition_id, p.NUM_PARTITIONS: num_partitions, p.NUM_EXAMPLES: len(labels),
-    })})
+    features, labels = _rows(config, context)
+    source = feature_source(config, context.node_config)
+    content = RecordDict({
+        p.METRICS: MetricRecord({
+            p.PARTITION_ID: partition_id, p.NUM_PARTITIONS: num_partitions,
+            p.NUM_EXAMPLES: len(labels), p.OWN_DATA: int(source.own_data),
+            p.NOISY_EXAMPLES: noisy_count(source, partition_spec(config), noise_spec(config),
+                                          partition_id, num_partitions),
+        }),
+        p.CONFIG: ConfigRecord({p.FEATURE_SPACE: node_features(source).feature_space()}),
+    })
     if NEEDS_STATS[config.feature_norm] and len(labels):
         moments = FeatureMoments.of(per_sample(config.feature_norm, features))
         content[p.MOMENTS] = p.to_record({"sum": moments.total, "sum-sq": moments.total_sq})
@@ -101,14 +117,22 @@ def _stored_stats(context: Context, digest: str) -> NormStats | None:
     return stats
 
 
+def _rows(config: RunConfig, context: Context) -> tuple[np.ndarray, np.ndarray]:
+    """This node's partition of the cache it reads (the run's, or its own: see client_data)."""
+    partition_id, num_partitions = node_partition(context)
+    source = feature_source(config, context.node_config)
+    return client_rows(source, partition_spec(config), noise_spec(config), partition_id,
+                       num_partitions)
+
+
 def _device_rows(config: RunConfig, context: Context, digest: str) -> tuple[torch.Tensor, torch.Tensor]:
     """This client's normalised features and labels on its device, built once per process."""
     partition_id, num_partitions = node_partition(context)
-    key = (feature_source(config), partition_spec(config), config.feature_norm, config.device,
-           partition_id, num_partitions, digest)
+    key = (feature_source(config, context.node_config), partition_spec(config),
+           noise_spec(config), config.feature_norm, config.device, partition_id, num_partitions, digest)
     if key not in _ON_DEVICE:
         stats = _stored_stats(context, digest)
-        features, labels = client_rows(config, partition_id, num_partitions)
+        features, labels = _rows(config, context)
         device = resolve_device(config.device)
         if device.type == "cpu":
             # Heads are tiny: with 2 intra-op threads a 3-step round took 15 ms, with one

@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from ovalp_flwr.noise import NOISE_KINDS
+
 HEADS = ("ova", "softmax")
 SCHEDULES = ("two-stage", "single-stage")
 PARTITIONS = ("iid", "shard", "bernoulli-dirichlet", "zipf", "feature-skew")
@@ -41,6 +43,8 @@ class RunConfig:
     dirichlet_p: float = 0.1
     dirichlet_alpha: float = 0.001
     zipf_s: float = 2.0
+    label_noise: str = "none"
+    noise_rate: float = 0.0
     num_server_rounds: int = 20
     local_epochs: int = 3
     batch_size: int = 50
@@ -86,6 +90,9 @@ class RunConfig:
         _one_of("partition", self.partition, PARTITIONS)
         _one_of("feature-norm", self.feature_norm, FEATURE_NORMS)
         _one_of("device", self.device, DEVICES)
+        _one_of("label-noise", self.label_noise, NOISE_KINDS)
+        if not 0 <= self.noise_rate < 1:
+            raise ConfigError("noise-rate", self.noise_rate, "use a fraction in [0, 1)")
         _at_least("stage1-rounds", self.stage1_rounds, 0)
         _at_least("classes-per-client", self.classes_per_client, 1)
         _at_least("num-server-rounds", self.num_server_rounds, 1)
@@ -108,6 +115,23 @@ class RunConfig:
         for key, name in (("run-name", self.run_name), ("dataset", self.dataset)):
             if "/" in name or name.startswith("."):
                 raise ConfigError(key, name, "use a plain name without '/' or a leading '.'")
+        self._check_dataset_and_encoder()
+
+    def _check_dataset_and_encoder(self) -> None:
+        """Known names whose modalities match, checked before any data or network is read."""
+        from ovalp_flwr.datasets import dataset_modality
+        from ovalp_flwr.encoders import ENCODERS, encoder_modality
+
+        try:
+            reads = dataset_modality(self.dataset)
+        except ValueError as err:
+            raise ConfigError("dataset", self.dataset, str(err).split("; ", 1)[-1]) from None
+        if self.encoder not in ENCODERS:
+            raise ConfigError("encoder", self.encoder, f"choose one of: {', '.join(ENCODERS)}")
+        if encoder_modality(self.encoder) != reads:
+            fitting = [name for name in ENCODERS if encoder_modality(name) == reads]
+            raise ConfigError("encoder", self.encoder,
+                              f"dataset {self.dataset!r} is {reads}; choose one of: {', '.join(fitting)}")
 
 
 def check_num_clients(num_clients: int, num_samples: int) -> None:

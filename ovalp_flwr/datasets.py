@@ -3,7 +3,9 @@
 Local files live in a data dir: `load_dataset(..., data_dir)` (the run config's `data-dir`), else
 the env var OVALP_DATA_DIR, else `../shared/data` relative to the current directory. Besides the
 registered names, `folder:<name>` (image folder or zip, `<split>/<class>/<file>`) and
-`csv:<name>` (`text,label`) load a user's own data from that dir without registering anything.
+`csv:<name>` (`text,label`) load a user's own data from that dir without registering anything,
+and `hub:<name>` loads a registered Hugging Face hub dataset (ovalp_flwr.hub_datasets; the data
+dir plays no part, and those images stay lazy: decoded per slice, not held in memory).
 Order is deterministic everywhere, so one feature cache serves every run: image folders and
 zips come class-major (classes sorted, files sorted within a class), mnist in file order, digits
 and texts in scikit-learn's seeded split order.
@@ -35,16 +37,20 @@ TEST_FRACTION = 0.2
 
 DATA_DIR_ENV = "OVALP_DATA_DIR"
 DEFAULT_DATA_DIR = Path("../shared/data")
-PREFIXES = ("folder:", "csv:")
+PREFIXES = ("folder:", "csv:", "hub:")
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 AG_NEWS_CLASSES = ("World", "Sports", "Business", "Sci/Tech")  # the dataset's own 1..4 order
 
 Modality = Literal["image", "text"]
 
+# uint8 [N, H, W, 3] RGB: an array, or a lazy sequence (hub datasets) whose slices are such
+# arrays, so consumers must take slices (`images[i:j]`), never the whole thing at once.
+Images = np.ndarray | Sequence[np.ndarray]
+
 
 @dataclass(frozen=True)
 class ImageSplit:
-    images: np.ndarray  # uint8 [N, H, W, 3] RGB
+    images: Images  # uint8 [N, H, W, 3] RGB, or lazy: see Images
     labels: np.ndarray  # int64 [N]
 
 
@@ -101,14 +107,14 @@ def load_dataset(
     """Build the named dataset; errors list what exists, since names come from run configs.
 
     `limit_per_class` keeps the first N items of each class per split (files in sorted order,
-    CSV rows in file order, before a text split), so quick runs decode only what they use.
+    CSV rows in file order, hub rows in split order, before a text split), so quick runs decode
+    only what they use. `data_dir` is ignored for `hub:` names.
     """
-    if limit_per_class is not None and (
-        isinstance(limit_per_class, bool)
-        or not isinstance(limit_per_class, int | np.integer)
-        or limit_per_class < 1
-    ):
-        raise ValueError(f"limit_per_class={limit_per_class!r} is not allowed; use an int >= 1")
+    _check_limit(limit_per_class)
+    if name.startswith("hub:"):
+        from ovalp_flwr.hub_datasets import load_hub_dataset  # it imports this module
+
+        return load_hub_dataset(name, limit_per_class=limit_per_class)
     root = resolve_data_dir(data_dir)
     if name in DATASETS:
         return DATASETS[name](root, limit_per_class=limit_per_class)
@@ -116,8 +122,40 @@ def load_dataset(
         return _folder(name, root / _plain_name(name), limit_per_class)
     if name.startswith("csv:"):
         return _csv(name, root / f"{_plain_name(name)}.csv", limit_per_class)
+    raise _unknown(name)
+
+
+def dataset_modality(name: str) -> Modality:
+    """'image' or 'text' without reading any data, so a config can be checked before a load."""
+    if name.startswith("hub:"):
+        from ovalp_flwr.hub_datasets import hub_modality
+
+        return hub_modality(name)
+    if name in LOCAL_MODALITY:
+        return LOCAL_MODALITY[name]
+    if name.startswith("folder:"):
+        _plain_name(name)
+        return "image"
+    if name.startswith("csv:"):
+        _plain_name(name)
+        return "text"
+    raise _unknown(name)
+
+
+def _check_limit(limit_per_class: int | None) -> None:
+    """None or an int >= 1 (not a bool): the one rule for every loader."""
+    if limit_per_class is not None and (
+        isinstance(limit_per_class, bool)
+        or not isinstance(limit_per_class, int | np.integer)
+        or limit_per_class < 1
+    ):
+        raise ValueError(f"limit_per_class={limit_per_class!r} is not allowed; use an int >= 1")
+
+
+def _unknown(name: str) -> ValueError:
     prefixed = ", ".join(f"{p}<name>" for p in PREFIXES)
-    raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)} or {prefixed}")
+    local = ", ".join(DATASETS)
+    return ValueError(f"unknown dataset {name!r}; choose one of {local} or {prefixed}")
 
 
 def _plain_name(name: str) -> str:
@@ -539,4 +577,12 @@ DATASETS: dict[str, Loader] = {
     "tinyimagenet-100": _tinyimagenet_100,
     "mnist": _mnist,
     "ag-news": _ag_news,
+}
+# What each registered loader returns; a test loads every name against it, so it cannot drift.
+LOCAL_MODALITY: dict[str, Modality] = {
+    "digits": "image",
+    "cifar10": "image",
+    "tinyimagenet-100": "image",
+    "mnist": "image",
+    "ag-news": "text",
 }

@@ -34,14 +34,19 @@ class InProcessGrid(Grid):
     """A `Grid` whose nodes are in-process contexts served by a `ClientApp`."""
 
     def __init__(self, client_app: ClientApp, num_nodes: int, run_config: dict[str, Any],
-                 seed: int = 0) -> None:
+                 seed: int = 0, node_configs: list[dict[str, Any]] | None = None) -> None:
+        """node_configs[i]: extra `--node-config` entries of partition i's node (e.g. data-dir)."""
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 0, SUPERLINK_NODE_ID, 0
         self.client_app = client_app
+        extra = node_configs or [{} for _ in range(num_nodes)]
+        if len(extra) != num_nodes:
+            raise ValueError(f"node_configs has {len(extra)} entries for {num_nodes} nodes")
         # node ids deliberately not in partition order, as with real SuperNodes
         node_ids = 1000 + np.random.default_rng(seed).permutation(num_nodes)
         self.contexts = {
             int(node): Context(run_id=0, node_id=int(node),
-                               node_config={"partition-id": i, "num-partitions": num_nodes},
+                               node_config={"partition-id": i, "num-partitions": num_nodes,
+                                            **extra[i]},
                                state=RecordDict(), run_config=dict(run_config))
             for i, node in enumerate(node_ids)
         }
@@ -90,7 +95,8 @@ class InProcessGrid(Grid):
                            reply_to=message)
 
 
-def run_local(overrides: dict[str, Any], num_clients: int) -> Path:
+def run_local(overrides: dict[str, Any], num_clients: int,
+              node_configs: list[dict[str, Any]] | None = None) -> Path:
     """A whole run (ServerApp logic + the real ClientApp) in this process; returns results dir."""
     from client_app import app as client_app  # the same ClientApp `flwr run` loads
     from ovalp_flwr.config import RunConfig
@@ -98,4 +104,6 @@ def run_local(overrides: dict[str, Any], num_clients: int) -> Path:
 
     run_config = {**app_config(), **overrides}
     config = RunConfig.from_mapping(run_config)
-    return run_server(InProcessGrid(client_app, num_clients, run_config, seed=config.seed), config)
+    grid = InProcessGrid(client_app, num_clients, run_config, seed=config.seed,
+                         node_configs=node_configs)
+    return run_server(grid, config)

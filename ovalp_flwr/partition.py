@@ -309,6 +309,12 @@ def _min_med_max(values: tuple[int, ...]) -> str:
     return f"{min(values)}/{float(np.median(values)):g}/{max(values)}"
 
 
+def summarize_sizes(kind: str, sizes: list[int]) -> PartitionSummary:
+    """A summary from sample counts alone (classes unknown: nodes that own their data)."""
+    return PartitionSummary(kind=kind, num_clients=len(sizes), num_samples=sum(sizes),
+                            num_empty=sum(s == 0 for s in sizes), sizes=tuple(sizes), classes=())
+
+
 def summarize_partition(
     kind: str, indices: list[np.ndarray], labels: np.ndarray
 ) -> PartitionSummary:

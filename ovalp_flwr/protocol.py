@@ -21,6 +21,7 @@ MOMENTS = "moments"
 NORM = "norm"
 
 NUM_EXAMPLES = "num-examples"
+NOISY_EXAMPLES = "noisy-examples"  # labels the run's label noise changed
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 TRAIN_LOSS = "train-loss"
@@ -28,6 +29,8 @@ TRAIN_SECONDS = "train-seconds"
 ACCURACY = "accuracy"
 STAGE = "stage"
 NORM_DIGEST = "norm-digest"
+OWN_DATA = "own-data"  # 1: the node reads its own data dir / cache dir, not the run's
+FEATURE_SPACE = "feature-space"  # digest of encoder identity + label set (CachedFeatures)
 NORM_STATE = "ovalp-norm"  # key of the client's stored statistics in context.state
 
 

@@ -29,7 +29,7 @@ from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.devices import resolve_device
 from ovalp_flwr.heads import accuracy, build_head, head_from_numpy, head_to_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize
-from ovalp_flwr.partition import PartitionSummary, summarize_partition
+from ovalp_flwr.partition import PartitionSummary, summarize_partition, summarize_sizes
 from ovalp_flwr.results import default_run_name, write_run
 from ovalp_flwr.strategy import StagedFedAvg
 
@@ -40,10 +40,10 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     cache = load_or_build(config.dataset, config.encoder, resolve_path(config.feature_cache_dir),
                           data_dir=config.data_dir or None, device=config.device)
     nodes = wait_for_nodes(grid)
-    check_num_clients(len(nodes), len(cache.train.y))
+    check_num_clients(len(nodes), len(cache.train.y))  # nodes with own data check theirs
     clients = describe_clients(grid, nodes)
-    partition = summarize_partition(
-        config.partition, list(all_partitions(config, len(clients))), cache.train.y)
+    check_feature_space(clients, cache)
+    partition = partition_summary(config, clients, cache)
     log(INFO, "partition %s", partition)
     stats = global_stats(config, clients)
     if stats is not None:
@@ -70,6 +70,7 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
         evaluate_fn=evaluator,
     )
     summary = _summary(config, result, strategy, evaluator, partition, cache, stats)
+    summary["label_noise"] = label_noise_summary(config, clients)
     summary["total_seconds"] = time.time() - started
     run_name = config.run_name or default_run_name(config.to_dict())
     out = write_run(resolve_path(config.results_dir), run_name, summary)
@@ -162,11 +163,45 @@ def describe_clients(grid: Grid, nodes: list[int]) -> dict[int, dict]:
     clients = {}
     for node, content in replies.items():
         info = dict(content[p.METRICS])
+        info[p.FEATURE_SPACE] = str(content[p.CONFIG][p.FEATURE_SPACE])
         if p.MOMENTS in content:
             info[p.MOMENTS] = p.from_record(content[p.MOMENTS])
         clients[node] = info
     _check_partition_ids(clients)
     return clients
+
+
+def check_feature_space(clients: dict[int, dict], cache: CachedFeatures) -> None:
+    """Every node's features must be in the server's feature space (same encoder identity and
+    label set), or averaging heads across them is meaningless: refuse, naming a node."""
+    expected = cache.feature_space()
+    wrong = {n: c[p.FEATURE_SPACE] for n, c in clients.items() if c[p.FEATURE_SPACE] != expected}
+    if wrong:
+        node, found = next(iter(sorted(wrong.items())))
+        raise FederationError(
+            f"{len(wrong)} node(s) have features from another encoder or label set than the "
+            f"server's cache ({expected}); node {node} has {found}: give every node the same "
+            "dataset classes and encoder options")
+
+
+def partition_summary(config: RunConfig, clients: dict[int, dict],
+                      cache: CachedFeatures) -> PartitionSummary:
+    """Sizes and classes per client from the shared cache; for nodes with their own data the
+    server knows only the sample counts they report (as FedAvg does), so classes stay empty."""
+    if not any(int(c[p.OWN_DATA]) for c in clients.values()):
+        return summarize_partition(
+            config.partition, list(all_partitions(config, len(clients))), cache.train.y)
+    by_id = sorted(clients.values(), key=lambda c: int(c[p.PARTITION_ID]))
+    return summarize_sizes(f"{config.partition} of node-local data",
+                           [int(c[p.NUM_EXAMPLES]) for c in by_id])
+
+
+def label_noise_summary(config: RunConfig, clients: dict[int, dict]) -> dict:
+    """What was asked for and what the clients' labels realise (counts from `describe`)."""
+    examples = sum(int(c[p.NUM_EXAMPLES]) for c in clients.values())
+    noisy = sum(int(c[p.NOISY_EXAMPLES]) for c in clients.values())
+    return {"kind": config.label_noise, "rate": config.noise_rate,
+            "realised_rate": noisy / examples if examples else 0.0}
 
 
 def _check_partition_ids(clients: dict[int, dict]) -> None:

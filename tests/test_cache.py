@@ -293,6 +293,14 @@ def test_modality_mismatch_is_one_line(tmp_path: Path, tiny_texts: Path) -> None
     assert not any(tmp_path.glob("*__*"))
 
 
+def test_modality_mismatch_fails_before_any_data_is_read(tmp_path: Path) -> None:
+    # no such folder or hub access: only a check that reads nothing can give this error
+    with pytest.raises(CacheError, match=r"^encoder 'minilm' reads text; dataset 'folder:none'"):
+        build_features("folder:none", "minilm", tmp_path, data_dir=tmp_path, progress=False)
+    with pytest.raises(CacheError, match=r"^encoder 'pixels' reads image; dataset 'hub:ag-news'"):
+        build_features("hub:ag-news", "pixels", tmp_path, progress=False)
+
+
 def test_a_limited_cache_is_never_the_full_one(tmp_path: Path) -> None:
     limited = build_features("digits", "pixels", tmp_path, limit_per_class=5, progress=False)
     assert np.bincount(limited.train.y).tolist() == [5] * 10

@@ -25,6 +25,12 @@ def test_pyproject_defaults_parse_and_match_the_dataclass():
         ("local-epochs", "3", "type int"),
         ("run-name", "../escape", "without '/'"),
         ("learnin-rate", 0.1, "known keys"),
+        ("label-noise", "pair", "choose one of: none, symmetric, asymmetric"),
+        ("noise-rate", 1.0, "[0, 1)"),
+        ("dataset", "cifar1000", "choose one of digits, cifar10"),
+        ("dataset", "hub:imagenet", "choose one of hub:cifar100"),
+        ("encoder", "resnet50", "choose one of: efficientnet-lite0"),
+        ("encoder", "minilm", "dataset 'digits' is image; choose one of: efficientnet-lite0"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(key, value, fragment):

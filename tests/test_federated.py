@@ -117,3 +117,12 @@ def test_server_app_reports_a_corrupted_cache_in_one_line(cache_dir, tmp_path, c
         server_app.main(InProcessGrid(client_app.app, 4, config), context)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "sha256" in errors[0] and str(broken) in errors[0]
+
+
+def test_label_noise_is_applied_and_its_realised_rate_recorded(cache_dir, tmp_path):
+    clean = run(cache_dir, tmp_path, partition="iid", **{"num-server-rounds": 3})
+    noisy = run(cache_dir, tmp_path, partition="iid", **{
+        "num-server-rounds": 3, "label-noise": "symmetric", "noise-rate": 0.3})
+    assert clean["label_noise"] == {"kind": "none", "rate": 0.0, "realised_rate": 0.0}
+    assert noisy["label_noise"]["realised_rate"] == pytest.approx(0.3, abs=1e-3)
+    assert noisy["final_accuracy"] < clean["final_accuracy"]

@@ -1,0 +1,61 @@
+"""The paper's run metrics, computed from results summaries (`results/<run>/summary.json`).
+
+- R(t) = Acc_nonIID(t) / Acc_IID(t) x 100: a non-IID run against the IID run of the same
+  method and seed, round by round.
+- Acc@95: the first round whose accuracy reaches 95% of the run's *final* accuracy (so a run
+  that peaks early and then falls reaches it early; a run still climbing reaches it late).
+- Cost to a round: summed client training time, server time (aggregation + evaluation) and
+  bytes moved (both directions, all clients), as in the paper's appendix tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+ACC_AT_FRACTION = 0.95
+
+
+def accuracy_curve(summary: dict[str, Any]) -> list[float]:
+    """Global test accuracy after rounds 1..T."""
+    return [float(r["accuracy"]) for r in summary["rounds"]]
+
+
+def relative_curve(non_iid: Sequence[float], iid: Sequence[float]) -> list[float]:
+    """R(t) in percent; both curves must cover the same rounds."""
+    if len(non_iid) != len(iid):
+        raise ValueError(f"R(t) needs curves of one length; got {len(non_iid)} and {len(iid)} rounds")
+    return [100.0 * a / b if b > 0 else float("nan") for a, b in zip(non_iid, iid)]
+
+
+def acc_at(curve: Sequence[float], fraction: float = ACC_AT_FRACTION) -> int | None:
+    """First round (1-based) with accuracy >= fraction x final accuracy; None for an empty curve."""
+    if not curve:
+        return None
+    target = fraction * curve[-1]
+    return next(t for t, acc in enumerate(curve, 1) if acc >= target)
+
+
+def cost_to_round(summary: dict[str, Any], last_round: int) -> dict[str, float]:
+    """Client seconds (mean per client, summed over rounds), server seconds and bytes, rounds
+    1..last_round."""
+    rounds = [r for r in summary["rounds"] if r["round"] <= last_round]
+    return {
+        "rounds": float(len(rounds)),
+        "client_seconds": sum(_num(r, "client_train_seconds_mean") for r in rounds),
+        "server_seconds": sum(_num(r, "server_aggregate_seconds") + _num(r, "server_eval_seconds")
+                              for r in rounds),
+        "bytes": sum(_round_bytes(r) for r in rounds),
+    }
+
+
+def _round_bytes(r: dict[str, Any]) -> float:
+    """Down (server -> sampled clients) plus up (trained clients -> server)."""
+    down = _num(r, "bytes_sent_per_client") * _num(r, "clients_sampled")
+    up = _num(r, "bytes_received_per_client") * _num(r, "clients_trained")
+    return down + up
+
+
+def _num(r: dict[str, Any], key: str) -> float:
+    """A round's value; absent or None (no client trained) counts as 0."""
+    return float(r.get(key) or 0.0)
