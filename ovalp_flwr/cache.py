@@ -84,11 +84,27 @@ class CachedFeatures:
 
 
 def cache_path(
-    cache_dir: Path, dataset: str, encoder: str, limit_per_class: int | None = None
+    cache_dir: Path,
+    dataset: str,
+    encoder: str,
+    limit_per_class: int | None = None,
+    **encoder_options: Any,
 ) -> Path:
-    """`<dataset>__<encoder>` for a full cache, `<dataset>__<encoder>@limit<N>` otherwise."""
-    suffix = "" if limit_per_class is None else f"{LIMIT_MARK}{limit_per_class}"
-    return Path(cache_dir) / f"{dataset}__{encoder}{suffix}"
+    """`<dataset>__<encoder>` for a full cache with the encoder's defaults; each departure adds
+    a mark, so variants live side by side instead of refusing each other's folder:
+    `@limit<N>`, `@random` (pretrained=False), `@<dtype>`, `@<size>px`, `@<pooling>`,
+    `@weights-<hash of the path>`."""
+    opts = _options(encoder_options)
+    marks = [
+        f"{LIMIT_MARK}{limit_per_class}" if limit_per_class is not None else "",
+        "" if opts.pretrained else "@random",
+        "" if opts.dtype == "fp32" else f"@{opts.dtype}",
+        "" if opts.image_size is None else f"@{opts.image_size}px",
+        "" if opts.pooling is None else f"@{opts.pooling}",
+        "" if opts.weights_file is None
+        else f"@weights-{hashlib.sha256(str(opts.weights_file).encode()).hexdigest()[:8]}",
+    ]
+    return Path(cache_dir) / f"{dataset}__{encoder}{''.join(marks)}"
 
 
 def _options(encoder_options: dict[str, Any]) -> EncoderOptions:
@@ -121,7 +137,7 @@ def load_features(
     weights_file), as the cache was built with.
     """
     opts = _options(encoder_options)
-    path = cache_path(cache_dir, dataset, encoder, limit_per_class)
+    path = cache_path(cache_dir, dataset, encoder, limit_per_class, **encoder_options)
     manifest = _read_manifest(path)
     expected = {
         "format_version": FORMAT_VERSION,
@@ -240,7 +256,7 @@ def load_or_build(
 
     Racing first builds are fine: the first complete folder to land is kept, never replaced.
     """
-    if cache_path(cache_dir, dataset, encoder, limit_per_class).exists():
+    if cache_path(cache_dir, dataset, encoder, limit_per_class, **encoder_options).exists():
         return load_features(
             dataset, encoder, cache_dir, limit_per_class=limit_per_class, **encoder_options
         )
@@ -318,7 +334,7 @@ def _build(
             "inputs_per_s": round(count / max(encode_seconds, 1e-9), 1),
         },
     }
-    target = cache_path(cache_dir, dataset, encoder, limit_per_class)
+    target = cache_path(cache_dir, dataset, encoder, limit_per_class, **dataclasses.asdict(opts))
     installed = _write_and_install(target, manifest, splits, replace)
     kept = "" if installed else " (kept the equal cache another builder installed first)"
     logger.info(f"{build_summary(manifest, target)}{kept}")
@@ -412,7 +428,8 @@ def verify_folder(path: Path) -> CachedFeatures:
         raise CacheError(
             f"feature cache {path}: {MANIFEST} lacks {err}; delete the folder"
         ) from err
-    _expect(path, "folder name", cache_path(path.parent, dataset, encoder, limit).name, path.name)
+    expected = cache_path(path.parent, dataset, encoder, limit, **options).name
+    _expect(path, "folder name", expected, path.name)
     return load_features(dataset, encoder, path.parent, limit_per_class=limit, **options)
 
 
@@ -496,7 +513,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         "progress": not args.quiet,
         **options,
     }
-    path = cache_path(args.cache_dir, args.dataset, args.encoder, args.limit_per_class)
+    path = cache_path(args.cache_dir, args.dataset, args.encoder, args.limit_per_class, **options)
     if path.exists() and not args.rebuild:
         limit = args.limit_per_class
         load_features(args.dataset, args.encoder, args.cache_dir, limit_per_class=limit, **options)

@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from ovalp_flwr import cache
-from ovalp_flwr.cache import CacheError, build_features, cache_path, load_features, load_or_build
+from ovalp_flwr.cache import (
+    CacheError,
+    build_features,
+    cache_path,
+    load_features,
+    load_or_build,
+    verify_folder,
+)
 from ovalp_flwr.datasets import load_dataset
 from ovalp_flwr.encoders import encoder_identity, load_encoder
 
@@ -119,6 +126,8 @@ def test_truncated_file_fails_the_size(built: Path, tmp_path: Path) -> None:
 def test_other_image_size_is_a_different_identity(tmp_path: Path) -> None:
     build_features("digits", "pixels", tmp_path, image_size=4, progress=False)
     assert load_features("digits", "pixels", tmp_path, image_size=4).train.x.shape == (1437, 16)
+    # a variant's folder moved under the default name is caught by its manifest
+    cache_path(tmp_path, "digits", "pixels", image_size=4).rename(cache_path(tmp_path, "digits", "pixels"))
     with pytest.raises(CacheError, match=r"encoder_identity\.feature_dim mismatch"):
         load_features("digits", "pixels", tmp_path)
 
@@ -321,3 +330,15 @@ def test_a_limited_cache_is_never_the_full_one(tmp_path: Path) -> None:
 def test_unknown_encoder_option_is_named(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"unknown encoder option 'colour'; choose from image_size"):
         load_features("digits", "pixels", tmp_path, colour="red")
+
+
+def test_encoder_variants_get_their_own_folders_side_by_side(tmp_path: Path) -> None:
+    assert cache_path(tmp_path, "d", "e").name == "d__e"
+    assert cache_path(tmp_path, "d", "e", 5, pretrained=False, dtype="bf16", image_size=224,
+                      pooling="cls").name == "d__e@limit5@random@bf16@224px@cls"
+    build_features("digits", "pixels", tmp_path, progress=False)
+    small = build_features("digits", "pixels", tmp_path, image_size=4, progress=False)
+    assert small.train.x.shape[1] == 16
+    assert load_features("digits", "pixels", tmp_path).train.x.shape[1] == 64  # untouched
+    assert load_features("digits", "pixels", tmp_path, image_size=4).train.x.shape[1] == 16
+    assert verify_folder(cache_path(tmp_path, "digits", "pixels", image_size=4)).train.x.shape[1] == 16

@@ -1,0 +1,646 @@
+"""A preset's results as one report: Markdown tables, CSVs and plots under `reports/<preset>/`.
+
+Reads every run of the preset that is done (`results/<preset>/<run>/summary.json` with the
+config the preset asks for); runs not there are listed in the report, not fatal, so a report
+can be made while a sweep is still going. Numbers are mean ± std over the seeds found:
+
+- R(t) = Acc_nonIID(t) / Acc_IID(t) x 100, each non-IID run against the IID run with the same
+  other choices and seed (`RunSpec.reference()`), then averaged over seeds;
+- Acc@95 and the costs summed over rounds 1..Acc@95 (`ovalp_flwr.metrics`);
+- with a `noise` axis, the decline rate against the noise-free run of the same choices and seed.
+
+    python -m ovalp_flwr.report conf/tinyimagenet-ablation.toml --seeds 0 42
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import os
+import shlex
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ovalp_flwr.durable import write_durably
+from ovalp_flwr.metrics import acc_at, accuracy_curve, cost_to_round, relative_curve
+from ovalp_flwr.results import read_summary
+from ovalp_flwr.sweep import (REFERENCE_AXIS, REFERENCE_CHOICE, Preset, PresetError, RunSpec,
+                              load_preset)
+
+METHOD_AXIS, NOISE_AXIS, CLEAN_CHOICE = "method", "noise", "none"
+NO_STD = "—"
+PLOTS = ("curves.png", "relative.png", "r_final.png")
+
+Choices = tuple[tuple[str, str], ...]
+
+
+class ReportError(ValueError):
+    """Nothing to report on; the message is one line naming the preset and where it looked."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The numbers of one finished run that the report needs (accuracies are fractions)."""
+
+    spec: RunSpec
+    curve: list[float]
+    final: float
+    best: float
+    acc95: int
+    costs: dict[str, float]
+    noise: dict[str, Any] | None  # summary["label_noise"]; None in summaries older than it
+    relative: list[float] | None = None  # R(t) in %, non-IID runs whose IID run was found
+    decline: float | None = None  # %, noisy runs whose noise-free run was found
+
+    @property
+    def r_final(self) -> float | None:
+        return self.relative[-1] if self.relative else None
+
+    @property
+    def realised_noise(self) -> float | None:
+        rate = (self.noise or {}).get("realised_rate")
+        return None if rate is None else float(rate)
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample std (ddof=1; None under two values) of the values a cell has."""
+
+    values: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.values) if self.values else None
+
+    @property
+    def std(self) -> float | None:
+        return statistics.stdev(self.values) if self.n >= 2 else None
+
+    def text(self, fmt: Callable[[float], str], seeds: int | None = None) -> str:
+        """`mean ± std`; `(n=k)` when fewer values than the cell has seeds (a pair missing)."""
+        if self.mean is None:
+            return ""
+        mean = fmt(self.mean)
+        decimals = len(mean.partition(".")[2])  # the std to the mean's precision
+        std = NO_STD if self.std is None else f"{self.std:.{decimals}f}"
+        short = f" (n={self.n})" if seeds is not None and self.n < seeds else ""
+        return f"{mean} ± {std}{short}"
+
+
+def stat(values: Sequence[float | None]) -> Stat:
+    return Stat(tuple(float(v) for v in values if v is not None and not math.isnan(v)))
+
+
+# ---------------------------------------------------------------- reading and pairing runs
+
+
+def load_runs(preset: Preset, specs: Sequence[RunSpec],
+              results_root: Path) -> tuple[list[RunResult], list[tuple[str, str]]]:
+    """The finished runs, paired for R(t) and decline, and (name, why) for every other one."""
+    found, missing = [], []
+    for spec in specs:
+        result = read_run(preset.results_dir(results_root) / spec.name, spec)
+        if isinstance(result, str):
+            missing.append((spec.name, result))
+        else:
+            found.append(result)
+    return attach_decline(attach_relative(found)), missing
+
+
+def read_run(run_dir: Path, spec: RunSpec) -> RunResult | str:
+    """A run's numbers, or why it does not count (absent, unreadable, run with another config:
+    the same test as `sweep.is_done`, so a stale folder is never averaged in)."""
+    if not (run_dir / "summary.json").exists():
+        return "not run"
+    try:
+        summary = read_summary(run_dir)
+    except ValueError as err:
+        return f"unreadable ({err})"
+    ran = summary["config"]
+    for key, wanted in spec.run_config.items():
+        if ran.get(key) != wanted:
+            return f"ran with {key}={ran.get(key)!r}, preset asks {wanted!r}"
+    curve = accuracy_curve(summary)
+    if not curve:
+        return "summary has no rounds"
+    acc95 = acc_at(curve)
+    assert acc95 is not None  # a non-empty curve always reaches 95% of its last value
+    return RunResult(spec, curve, float(summary["final_accuracy"]), max(curve), acc95,
+                     cost_to_round(summary, acc95), summary.get("label_noise"))
+
+
+def attach_relative(runs: list[RunResult]) -> list[RunResult]:
+    """R(t) for each non-IID run whose IID run (same other choices, same seed) is there."""
+    by_key = {(r.spec.choices, r.spec.seed): r for r in runs}
+    paired = []
+    for run in runs:
+        reference = run.spec.reference()
+        iid = by_key.get((reference, run.spec.seed)) if reference else None
+        if iid is not None and len(iid.curve) == len(run.curve):
+            run = replace(run, relative=relative_curve(run.curve, iid.curve))
+        paired.append(run)
+    return paired
+
+
+def clean_key(choices: Choices) -> Choices | None:
+    """The choices of the noise-free run a noisy run's decline is measured against."""
+    chosen = dict(choices)
+    if chosen.get(NOISE_AXIS, CLEAN_CHOICE) == CLEAN_CHOICE:
+        return None
+    return tuple((a, CLEAN_CHOICE if a == NOISE_AXIS else c) for a, c in choices)
+
+
+def attach_decline(runs: list[RunResult]) -> list[RunResult]:
+    """Decline = (Acc_clean - Acc_noisy) / Acc_clean x 100, final accuracies, same seed."""
+    by_key = {(r.spec.choices, r.spec.seed): r for r in runs}
+    paired = []
+    for run in runs:
+        key = clean_key(run.spec.choices)
+        clean = by_key.get((key, run.spec.seed)) if key else None
+        if clean is not None and clean.final > 0:
+            run = replace(run, decline=100.0 * (clean.final - run.final) / clean.final)
+        paired.append(run)
+    return paired
+
+
+# ---------------------------------------------------------------- cells and formatting
+
+
+def combos(preset: Preset) -> list[Choices]:
+    """Every choice combination, in the preset's order."""
+    return [spec.choices for spec in preset.runs([0])]
+
+
+def by_cell(runs: Sequence[RunResult]) -> dict[Choices, list[RunResult]]:
+    cells: dict[Choices, list[RunResult]] = {}
+    for run in runs:
+        cells.setdefault(run.spec.choices, []).append(run)
+    return cells
+
+
+def without(choices: Choices, axes: Sequence[str]) -> Choices:
+    return tuple((a, c) for a, c in choices if a not in axes)
+
+
+def label(choices: Choices) -> str:
+    return ", ".join(c for _, c in choices) or "all runs"
+
+
+def title(choices: Choices) -> str:
+    """A panel's title names its axes: `method = ova-lp, noise = sym-0.3`."""
+    return ", ".join(f"{a} = {c}" for a, c in choices)
+
+
+def pct(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def num(x: float) -> str:
+    """Costs span 1e-3 s to 1e4 s and kB to GB: about three significant digits, no exponent."""
+    size = abs(x)
+    return f"{x:.0f}" if size >= 100 else f"{x:.1f}" if size >= 10 else (
+        f"{x:.2f}" if size >= 1 else f"{x:.3f}")
+
+
+def rnd(x: float) -> str:
+    return f"{x:.1f}"
+
+
+# metric name -> (column title, value of a run, format); the main table and table.csv
+METRICS: dict[str, tuple[str, Callable[[RunResult], float | None], Callable[[float], str]]] = {
+    "final": ("Final acc. (%)", lambda r: 100 * r.final, pct),
+    "best": ("Best acc. (%)", lambda r: 100 * r.best, pct),
+    "r_final": ("R(final) (%)", lambda r: r.r_final, pct),
+    "acc_at_95": ("Acc@95 (round)", lambda r: r.acc95, rnd),
+    "client_seconds": ("Client s to Acc@95", lambda r: r.costs["client_seconds"], num),
+    "server_seconds": ("Server s to Acc@95", lambda r: r.costs["server_seconds"], num),
+    "megabytes": ("MB to Acc@95", lambda r: r.costs["bytes"] / 1e6, num),
+}
+
+
+def cell_stat(runs: Sequence[RunResult], metric: str) -> Stat:
+    return stat([METRICS[metric][1](r) for r in runs])
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric_from: int) -> str:
+    """A GitHub Markdown table; columns from `numeric_from` on are right-aligned."""
+    align = ["---" if i < numeric_from else "---:" for i in range(len(headers))]
+    lines = [headers, align, *rows]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines) + "\n"
+
+
+def main_table(preset: Preset, cells: dict[Choices, list[RunResult]]) -> str:
+    headers = [*preset.axes, *(head for head, _, _ in METRICS.values()), "Seeds"]
+    rows = []
+    for choices in combos(preset):
+        runs = cells.get(choices, [])
+        row = [c for _, c in choices]
+        for metric, (_, _, fmt) in METRICS.items():
+            is_reference = metric == "r_final" and dict(choices).get(REFERENCE_AXIS) in (
+                REFERENCE_CHOICE, None)
+            row.append("" if is_reference else cell_stat(runs, metric).text(fmt, len(runs)))
+        rows.append([*row, str(len(runs))])
+    return md_table(headers, rows, len(preset.axes))
+
+
+def pivots(preset: Preset, cells: dict[Choices, list[RunResult]], metric: str,
+           include_iid: bool) -> str:
+    """Rows = methods, columns = partitions; one pivot per combination of any other axes."""
+    partitions = [p for p in preset.axes[REFERENCE_AXIS] if include_iid or p != REFERENCE_CHOICE]
+    others = [a for a in preset.axes if a not in (METHOD_AXIS, REFERENCE_AXIS)]
+    fmt = METRICS[metric][2]
+    blocks = []
+    for rest in dict.fromkeys(without(c, (METHOD_AXIS, REFERENCE_AXIS)) for c in combos(preset)):
+        rows = []
+        for method in preset.axes[METHOD_AXIS]:
+            row = [method]
+            for partition in partitions:
+                choices = {**dict(rest), METHOD_AXIS: method, REFERENCE_AXIS: partition}
+                runs = cells.get(tuple((a, choices[a]) for a in preset.axes), [])
+                row.append(cell_stat(runs, metric).text(fmt, len(runs)))
+            rows.append(row)
+        heading = f"{title(rest)}\n\n" if others else ""
+        blocks.append(heading + md_table(["method", *partitions], rows, 1))
+    return "\n".join(blocks)
+
+
+def noise_tables(preset: Preset, runs: Sequence[RunResult]) -> str:
+    """Decline per noise choice (rows: the other axes' combinations), and the realised rates."""
+    noisy = [n for n in preset.axes[NOISE_AXIS] if n != CLEAN_CHOICE]
+    if CLEAN_CHOICE not in preset.axes[NOISE_AXIS]:
+        return (f"The noise axis has no `{CLEAN_CHOICE}` choice, so there is nothing to measure "
+                "a decline against.\n")
+    groups: dict[Choices, dict[str, list[RunResult]]] = {}
+    for choices in combos(preset):
+        groups.setdefault(without(choices, (NOISE_AXIS,)), {})[dict(choices)[NOISE_AXIS]] = []
+    for run in runs:
+        choices = run.spec.choices
+        groups[without(choices, (NOISE_AXIS,))][dict(choices)[NOISE_AXIS]].append(run)
+    others = [a for a in preset.axes if a != NOISE_AXIS]
+    rows = [[*(c for _, c in rest), *(stat([r.decline for r in cell[n]]).text(pct, len(cell[n]))
+                                      for n in noisy)]
+            for rest, cell in groups.items()]
+    decline = md_table([*others, *(f"{n} decline (%)" for n in noisy)], rows, len(others))
+    realised_rows = []
+    for choice in preset.axes[NOISE_AXIS]:
+        members = [r for r in runs if dict(r.spec.choices)[NOISE_AXIS] == choice]
+        overrides = preset.axes[NOISE_AXIS][choice]
+        asked = 100 * float(overrides.get("noise-rate", 0.0))
+        realised = stat([None if r.realised_noise is None else 100 * r.realised_noise
+                         for r in members])
+        realised_rows.append([choice, str(overrides.get("label-noise", "none")), pct(asked),
+                              realised.text(pct, len(members)), str(len(members))])
+    realised = md_table(["noise", "kind", "asked rate (%)", "realised rate (%)", "runs"],
+                        realised_rows, 2)
+    return (f"Decline rate (%) of final accuracy against `{NOISE_AXIS} = {CLEAN_CHOICE}`:\n\n"
+            f"{decline}\nLabel noise asked for and realised (share of training labels "
+            f"changed, from `summary.json` `label_noise.realised_rate`):\n\n{realised}")
+
+
+def coverage(preset: Preset, cells: dict[Choices, list[RunResult]], seeds: Sequence[int]) -> str:
+    """How many seeds each cell has, counted: `8 cells with 2 seeds, 2 with 1`."""
+    counts: dict[int, int] = {}
+    for choices in combos(preset):
+        n = len(cells.get(choices, []))
+        counts[n] = counts.get(n, 0) + 1
+    parts = [f"{cells_n} cell(s) with {n} seed(s)" for n, cells_n in sorted(counts.items(),
+                                                                               reverse=True)]
+    return (f"Seeds asked: {', '.join(map(str, seeds))}. Seeds found per cell: "
+            f"{'; '.join(parts)} (column *Seeds* below).")
+
+
+DEFINITIONS = """\
+- **R(t)** = Acc_nonIID(t) / Acc_IID(t) x 100, round by round: each non-IID run is paired with
+  the IID run of the same method (and every other choice) and the same seed; R(final) is R at
+  the last round. The ratio is taken per seed, then averaged over seeds.
+- **Acc@95** = the first round whose test accuracy reaches 95% of that run's *final* accuracy.
+- **Costs to Acc@95** are summed over rounds 1..Acc@95: client seconds = mean training time per
+  trained client in a round, summed over rounds; server seconds = aggregation + evaluation;
+  MB = 10^6 bytes moved both ways (server -> sampled clients, trained clients -> server).
+- Cells are mean ± std over seeds (std with ddof=1; "—" with one seed); `(n=k)` marks a cell
+  where only k runs had their paired run.
+"""
+
+NOISE_DEFINITION = """\
+- **Decline rate** = (Acc_clean - Acc_noisy) / Acc_clean x 100, final accuracies, against the
+  `noise = none` run of the same other choices and seed.
+"""
+
+
+def markdown(preset: Preset, runs: list[RunResult], missing: list[tuple[str, str]],
+             seeds: Sequence[int], results_dir: Path, command: str, plots: Sequence[str]) -> str:
+    cells = by_cell(runs)
+    total = len(runs) + len(missing)
+    parts = [f"# {preset.name}\n\n{preset.description}\n",
+             f"Made by `{command}` from `{results_dir}`: {len(runs)} of {total} runs found.\n\n"
+             f"{coverage(preset, cells, seeds)}\n",
+             "## Definitions\n\n" + DEFINITIONS + (NOISE_DEFINITION if NOISE_AXIS in preset.axes
+                                                   else ""),
+             "## All cells\n\n" + main_table(preset, cells)]
+    if METHOD_AXIS in preset.axes and REFERENCE_AXIS in preset.axes:
+        parts.append("## Ablation: R(final) (%)\n\n" + pivots(preset, cells, "r_final", False))
+        parts.append("## Ablation: final accuracy (%)\n\n" + pivots(preset, cells, "final", True))
+    if NOISE_AXIS in preset.axes:
+        parts.append("## Label noise\n\n" + noise_tables(preset, runs))
+    parts.append("## Plots\n\n" + "".join(f"![{p}]({p})\n" for p in plots))
+    parts.append("## Files\n\n- `runs.csv`: one row per run\n- `table.csv`: the table "
+                 "*All cells* with mean and std in separate columns\n")
+    if missing:
+        parts.append(f"## Missing runs ({len(missing)})\n\n"
+                     + "".join(f"- `{name}`: {why}\n" for name, why in missing))
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- CSV
+
+
+def to_csv(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(headers)
+    writer.writerows(["" if v is None else v for v in row] for row in rows)
+    return buffer.getvalue()
+
+
+def runs_csv(preset: Preset, runs: Sequence[RunResult]) -> str:
+    """Percent for accuracies, R and rates; the extra noise columns only with a noise axis."""
+    noise = NOISE_AXIS in preset.axes
+    headers = ["preset", "run", "seed", *preset.axes, "final_pct", "best_pct", "r_final_pct",
+               "acc_at_95", "client_seconds", "server_seconds", "megabytes",
+               *(["decline_pct", "realised_noise_pct"] if noise else [])]
+    rows = []
+    for r in runs:
+        realised = None if r.realised_noise is None else 100 * r.realised_noise
+        rows.append([preset.name, r.spec.name, r.spec.seed, *(c for _, c in r.spec.choices),
+                     100 * r.final, 100 * r.best, r.r_final, r.acc95, r.costs["client_seconds"],
+                     r.costs["server_seconds"], r.costs["bytes"] / 1e6,
+                     *([r.decline, realised] if noise else [])])
+    return to_csv(headers, rows)
+
+
+def table_csv(preset: Preset, runs: Sequence[RunResult]) -> str:
+    cells = by_cell(runs)
+    headers = [*preset.axes, *(f"{m}_{s}" for m in METRICS for s in ("mean", "std")), "seeds"]
+    rows = []
+    for choices in combos(preset):
+        members = cells.get(choices, [])
+        values: list[Any] = []
+        for metric in METRICS:
+            s = cell_stat(members, metric)
+            values += [s.mean, s.std]
+        rows.append([*(c for _, c in choices), *values, len(members)])
+    return to_csv(headers, rows)
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def mean_std(curves: Sequence[Sequence[float]]) -> tuple[Any, Any]:
+    """Round-wise mean and std (ddof=1; zeros with one curve) over the rounds all curves have."""
+    import numpy as np
+
+    length = min(len(c) for c in curves)
+    stack = np.array([list(c)[:length] for c in curves], dtype=float)
+    std = stack.std(axis=0, ddof=1) if len(stack) >= 2 else np.zeros(length)
+    return stack.mean(axis=0), std
+
+
+def panels(preset: Preset, runs: Sequence[RunResult]) -> dict[Choices, list[RunResult]]:
+    """One panel per combination of the axes other than partition, in preset order."""
+    out: dict[Choices, list[RunResult]] = {}
+    for choices in combos(preset):
+        out.setdefault(without(choices, (REFERENCE_AXIS,)), [])
+    for run in runs:
+        out[without(run.spec.choices, (REFERENCE_AXIS,))].append(run)
+    return {k: v for k, v in out.items() if v}
+
+
+def _grid(plt: Any, n: int, heading: str) -> tuple[Any, list[Any]]:
+    """Panels three to a row, sharing y so methods compare at a glance."""
+    cols = 2 if n == 4 else min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows + 0.4), sharey=True,
+                             squeeze=False, layout="constrained")
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    fig.suptitle(heading)
+    return fig, flat[:n]
+
+
+def _band(ax: Any, curves: Sequence[Sequence[float]], scale: float,
+          **style: Any) -> tuple[Any, Any]:
+    """Mean line with a ± std band; returns (mean, std) for the y-limits."""
+    mean, std = mean_std(curves)
+    mean, std = mean * scale, std * scale
+    rounds = range(1, len(mean) + 1)
+    ax.plot(rounds, mean, marker="o" if len(mean) <= 12 else None, markersize=3, **style)
+    ax.fill_between(rounds, mean - std, mean + std, alpha=0.2, color=style.get("color"),
+                    linewidth=0)
+    return mean, std
+
+
+def _finish(fig: Any, axes: list[Any], ylabel: str, low: float, high: float,
+            legend_title: str) -> None:
+    """Shared y-limits, axis labels, one legend right of the panels (never over a curve)."""
+    pad = max(2.0, 0.08 * (high - low))
+    for ax in axes:
+        ax.set_ylim(max(0.0, low - pad), high + pad)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    for ax in axes:
+        if ax.get_subplotspec().is_first_col():
+            ax.set_ylabel(ylabel)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, title=legend_title, loc="outside right center", frameon=False)
+
+
+def _colors(plt: Any, names: Sequence[str]) -> dict[str, Any]:
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+
+
+def curves_plot(preset: Preset, runs: Sequence[RunResult]) -> bytes:
+    """Accuracy vs round: IID and each non-IID partition per panel (per method), or one line
+    per combination when the preset has no partition axis."""
+    plt = _pyplot()
+    if REFERENCE_AXIS in preset.axes:
+        colors = _colors(plt, list(preset.axes[REFERENCE_AXIS]))
+        legend = REFERENCE_AXIS
+        lines = {k: {p: [r for r in v if r.spec.choice(REFERENCE_AXIS) == p] for p in colors}
+                 for k, v in panels(preset, runs).items()}
+    else:
+        cells = by_cell(runs)
+        colors = _colors(plt, [label(c) for c in combos(preset) if c in cells])
+        legend = " / ".join(preset.axes)
+        lines = {(): {label(c): cells[c] for c in combos(preset) if c in cells}}
+    fig, axes = _grid(plt, len(lines), f"{preset.name}: test accuracy per round "
+                                       "(mean ± std over seeds)")
+    low, high = 100.0, 0.0
+    for ax, (key, members) in zip(axes, lines.items()):
+        for name, group in members.items():
+            if group:
+                mean, std = _band(ax, [r.curve for r in group], 100.0, color=colors[name],
+                                  label=name)
+                low = min(low, float((mean - std).min()))
+                high = max(high, float((mean + std).max()))
+        ax.set_title(title(key))
+    _finish(fig, axes, "test accuracy (%)", low, min(high, 100.0), legend)
+    return _png(plt, fig)
+
+
+def relative_plot(preset: Preset, runs: Sequence[RunResult]) -> bytes:
+    """R(t) per non-IID partition, one panel per method (or other-axes combination). The
+    y-range follows the mean curves: early rounds' ratios of two small accuracies swing wide."""
+    plt = _pyplot()
+    groups = {k: [r for r in v if r.relative] for k, v in panels(preset, runs).items()}
+    groups = {k: v for k, v in groups.items() if v}
+    partitions = [p for p in preset.axes[REFERENCE_AXIS] if p != REFERENCE_CHOICE]
+    colors = _colors(plt, list(preset.axes[REFERENCE_AXIS]))
+    fig, axes = _grid(plt, len(groups), f"{preset.name}: R(t) = non-IID / IID accuracy "
+                                        "(mean ± std over seeds)")
+    low, high = 100.0, 100.0
+    for ax, (key, members) in zip(axes, groups.items()):
+        ax.axhline(100.0, color="grey", linestyle="--", linewidth=1, label="IID (100%)")
+        for partition in partitions:
+            group = [r.relative for r in members
+                     if r.relative and r.spec.choice(REFERENCE_AXIS) == partition]
+            if group:
+                mean, _ = _band(ax, group, 1.0, color=colors[partition], label=partition)
+                low, high = min(low, float(mean.min())), max(high, float(mean.max()))
+        ax.set_title(title(key))
+    _finish(fig, axes, "R(t) (%)", low, high, REFERENCE_AXIS)
+    return _png(plt, fig)
+
+
+def r_final_plot(preset: Preset, runs: Sequence[RunResult]) -> bytes:
+    """Grouped bars: x = non-IID partition, one bar per method (or other-axes combination),
+    its value written above its error bar."""
+    plt = _pyplot()
+    partitions = [p for p in preset.axes[REFERENCE_AXIS] if p != REFERENCE_CHOICE]
+    groups = {k: v for k, v in panels(preset, runs).items() if any(r.relative for r in v)}
+    colors = _colors(plt, [label(k) for k in groups])
+    width = 0.8 / max(1, len(groups))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + len(partitions) * (0.8 + 0.35 * len(groups))),
+                                    4.4), layout="constrained")
+    top = 100.0
+    for i, (key, members) in enumerate(groups.items()):
+        for j, partition in enumerate(partitions):
+            s = stat([r.r_final for r in members if r.spec.choice(REFERENCE_AXIS) == partition])
+            if s.mean is None:
+                continue
+            x, err = j + (i - (len(groups) - 1) / 2) * width, s.std or 0.0
+            ax.bar(x, s.mean, width, yerr=err if s.std is not None else None, capsize=3,
+                   color=colors[label(key)], label=label(key))
+            ax.text(x, s.mean + err + 1.5, f"{s.mean:.0f}", ha="center", va="bottom",
+                    fontsize=7 if len(groups) > 4 else 8)
+            top = max(top, s.mean + err)
+    ax.axhline(100.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xticks(range(len(partitions)), partitions)
+    ax.set_ylim(0, top * 1.12)
+    ax.set_xlabel("partition")
+    ax.set_ylabel("R(final) (%)")
+    ax.set_title(f"{preset.name}: R(final) per partition\n(mean ± std over seeds; IID = 100%)")
+    ax.grid(axis="y", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))  # one entry per bar colour
+    ax.legend(unique.values(), unique.keys(),
+              title=" / ".join(a for a in preset.axes if a != REFERENCE_AXIS),
+              loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    return _png(plt, fig)
+
+
+def _png(plt: Any, fig: Any) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def plots(preset: Preset, runs: Sequence[RunResult]) -> dict[str, bytes]:
+    """curves.png always; the R(t) plots only where some run has its IID pair."""
+    out = {"curves.png": curves_plot(preset, runs)}
+    if REFERENCE_AXIS in preset.axes and any(r.relative for r in runs):
+        out["relative.png"] = relative_plot(preset, runs)
+        out["r_final.png"] = r_final_plot(preset, runs)
+    return out
+
+
+# ---------------------------------------------------------------- writing
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write beside the destination, then rename: a reader sees the old file or the new one."""
+    staging = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write_durably(staging, data)
+    os.replace(staging, path)
+
+
+def write_report(preset: Preset, specs: Sequence[RunSpec], results_root: Path, out_root: Path,
+                 command: str) -> Path:
+    """Everything under out_root/<preset>/; returns report.md. ReportError if no run is done."""
+    runs, missing = load_runs(preset, specs, results_root)
+    results_dir = preset.results_dir(results_root)
+    if not runs:
+        raise ReportError(f"preset {preset.name}: none of its {len(specs)} runs is done under "
+                          f"{results_dir}; run `python -m ovalp_flwr.sweep {preset.path}` first")
+    out_dir = out_root / preset.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = plots(preset, runs)
+    for stale in set(PLOTS) - images.keys():  # a plot this report cannot make must not linger
+        (out_dir / stale).unlink(missing_ok=True)
+    for name, data in images.items():
+        write_atomic(out_dir / name, data)
+    write_atomic(out_dir / "runs.csv", runs_csv(preset, runs))
+    write_atomic(out_dir / "table.csv", table_csv(preset, runs))
+    seeds = list(dict.fromkeys(s.seed for s in specs))
+    text = markdown(preset, runs, missing, seeds, results_dir, command, list(images))
+    write_atomic(out_dir / "report.md", text)
+    return out_dir / "report.md"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("preset", type=Path, help="conf/<name>.toml")
+    parser.add_argument("--results-dir", type=Path, default=Path("results"))
+    parser.add_argument("--out", type=Path, default=Path("reports"))
+    parser.add_argument("--seeds", type=int, nargs="+", help="default: the preset's")
+    args = parser.parse_args(args_list)
+    command = shlex.join(["python", "-m", "ovalp_flwr.report", *args_list])
+    try:
+        preset = load_preset(args.preset)
+        specs = preset.runs(args.seeds)
+        path = write_report(preset, specs, args.results_dir, args.out, command)
+    except (PresetError, ReportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""The preset report: numbers checked by hand on fabricated runs, then one report of real runs."""
+
+import csv
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from ovalp_flwr.report import main
+from ovalp_flwr.results import write_run
+from ovalp_flwr.sweep import load_preset, sweep
+
+logging.getLogger("flwr").setLevel(logging.WARNING)
+
+ABLATION = """\
+[preset]
+description = "tiny ablation"
+num-supernodes = 10
+seeds = [0, 1]
+[config]
+dataset = "digits"
+encoder = "pixels"
+num-server-rounds = 4
+[axes.method]
+a = { head = "softmax", schedule = "single-stage" }
+b = { head = "ova", schedule = "two-stage" }
+[axes.partition]
+iid = { partition = "iid" }
+shard-1 = { partition = "shard", classes-per-client = 1 }
+"""
+
+NOISE = """\
+[preset]
+description = "tiny noise"
+num-supernodes = 10
+seeds = [0, 1]
+[config]
+dataset = "digits"
+encoder = "pixels"
+num-server-rounds = 3
+[axes.method]
+a = { head = "ova", schedule = "two-stage" }
+[axes.noise]
+none = { label-noise = "none", noise-rate = 0.0 }
+"sym-0.5" = { label-noise = "symmetric", noise-rate = 0.5 }
+"""
+
+# every round costs 0.5 client s, 0.1 + 0.05 server s and 10 x 1000 bytes each way (0.02 MB)
+ROUND_COSTS = {"stage": 2, "client_train_seconds_mean": 0.5, "server_aggregate_seconds": 0.1,
+               "server_eval_seconds": 0.05, "bytes_sent_per_client": 1000, "clients_sampled": 10,
+               "bytes_received_per_client": 1000, "clients_trained": 10}
+
+ABLATION_CURVES = {  # b-shard-1-seed1 is left out: a missing run
+    "a-iid-seed0": [0.5, 0.7, 0.8, 0.8],       # Acc@95 = 3 (0.76)
+    "a-iid-seed1": [0.6, 0.9, 1.0, 1.0],       # Acc@95 = 3 (0.95)
+    "a-shard-1-seed0": [0.1, 0.2, 0.3, 0.4],   # R = 50, Acc@95 = 4 (0.38)
+    "a-shard-1-seed1": [0.2, 0.6, 0.58, 0.6],  # R = 60, Acc@95 = 2 (0.57)
+    "b-iid-seed0": [0.8, 0.8, 0.8, 0.8],
+    "b-iid-seed1": [0.9, 0.9, 0.9, 0.9],
+    "b-shard-1-seed0": [0.4, 0.6, 0.72, 0.72],  # R = 90
+}
+
+NOISE_CURVES = {  # decline 25% and 50%: 37.5 ± 17.68; realised rate 49% and 51%
+    "a-none-seed0": ([0.7, 0.8, 0.8], 0.0),
+    "a-none-seed1": ([0.8, 0.9, 0.9], 0.0),
+    "a-sym-0.5-seed0": ([0.5, 0.6, 0.6], 0.49),
+    "a-sym-0.5-seed1": ([0.4, 0.45, 0.45], 0.51),
+}
+
+
+def write_preset(tmp_path, text, name):
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return load_preset(path)
+
+
+def fabricate(preset, results, name, curve, realised=0.0, **config_changes):
+    """A summary in the real format, with the run config `sweep.is_done` checks."""
+    spec = next(s for s in preset.runs() if s.name == name)
+    rounds = [{"round": t, "accuracy": a, **ROUND_COSTS} for t, a in enumerate(curve, 1)]
+    summary = {
+        "final_accuracy": curve[-1], "best_accuracy": max(curve), "initial_accuracy": 0.1,
+        "config": {**spec.run_config, "run-name": name, **config_changes}, "rounds": rounds,
+        "label_noise": {"kind": spec.run_config.get("label-noise", "none"),
+                        "rate": spec.run_config.get("noise-rate", 0.0), "realised_rate": realised},
+    }
+    write_run(preset.results_dir(results), name, summary)
+
+
+def report(tmp_path, preset, *extra):
+    argv = [str(preset.path), "--results-dir", str(tmp_path / "results"),
+            "--out", str(tmp_path / "reports"), *extra]
+    assert main(argv) == 0
+    return tmp_path / "reports" / preset.name
+
+
+@pytest.fixture
+def ablation(tmp_path):
+    preset = write_preset(tmp_path, ABLATION, "tiny-ablation")
+    for name, curve in ABLATION_CURVES.items():
+        fabricate(preset, tmp_path / "results", name, curve)
+    return preset
+
+
+def rows_of(path):
+    """runs.csv rows by run name; table.csv rows by `method-partition`."""
+    with open(path) as handle:
+        rows = list(csv.DictReader(handle))
+    return {row.get("run") or f"{row['method']}-{row['partition']}": row for row in rows}
+
+
+def test_main_table_has_r_final_acc95_and_costs_by_hand(ablation, tmp_path, capsys):
+    out = report(tmp_path, ablation)
+    assert capsys.readouterr().out.strip() == str(out / "report.md")
+    text = (out / "report.md").read_text()
+    # a, shard-1: final 40/60, best 40/60, R 50/60, Acc@95 4/2, client s 2/1, server s .6/.3,
+    # MB .08/.04
+    assert ("| a | shard-1 | 50.00 ± 14.14 | 50.00 ± 14.14 | 55.00 ± 7.07 | 3.0 ± 1.4 | "
+            "1.50 ± 0.71 | 0.450 ± 0.212 | 0.060 ± 0.028 | 2 |") in text
+    assert "| a | iid | 90.00 ± 14.14 | 90.00 ± 14.14 |  | 3.0 ± 0.0 |" in text  # no R for IID
+    assert "| b | shard-1 | 72.00 ± — | 72.00 ± — | 90.00 ± — | 3.0 ± — |" in text  # one seed
+    assert "**R(t)** = Acc_nonIID(t) / Acc_IID(t) x 100" in text
+    assert f"python -m ovalp_flwr.report {ablation.path}" in text
+    assert "3 cell(s) with 2 seed(s); 1 cell(s) with 1 seed(s)" in text
+
+
+def test_ablation_pivots_rows_methods_columns_partitions(ablation, tmp_path):
+    text = (report(tmp_path, ablation) / "report.md").read_text()
+    r_pivot = text.split("## Ablation: R(final) (%)")[1].split("##")[0]
+    assert "| method | shard-1 |" in r_pivot and "| method | iid |" not in r_pivot
+    assert "| a | 55.00 ± 7.07 |" in r_pivot and "| b | 90.00 ± — |" in r_pivot
+    acc_pivot = text.split("## Ablation: final accuracy (%)")[1].split("##")[0]
+    assert "| method | iid | shard-1 |" in acc_pivot
+    assert "| b | 85.00 ± 7.07 | 72.00 ± — |" in acc_pivot
+
+
+def test_missing_and_stale_runs_are_listed_not_fatal(ablation, tmp_path):
+    fabricate(ablation, tmp_path / "results", "b-shard-1-seed1", [0.5] * 4,
+              **{"num-server-rounds": 9})  # run with another config: does not count
+    text = (report(tmp_path, ablation) / "report.md").read_text()
+    missing = text.split("## Missing runs (1)")[1]
+    assert "`b-shard-1-seed1`: ran with num-server-rounds=9, preset asks 4" in missing
+    assert "7 of 8 runs found" in text
+
+
+def test_runs_csv_has_one_row_per_run_with_choices_and_metrics(ablation, tmp_path):
+    rows = rows_of(report(tmp_path, ablation) / "runs.csv")
+    assert sorted(rows) == sorted(ABLATION_CURVES)
+    row = rows["a-shard-1-seed1"]
+    assert (row["preset"], row["seed"], row["method"], row["partition"]) == (
+        "tiny-ablation", "1", "a", "shard-1")
+    assert float(row["r_final_pct"]) == pytest.approx(60.0)
+    assert row["acc_at_95"] == "2"
+    assert float(row["client_seconds"]) == pytest.approx(1.0)
+    assert float(row["server_seconds"]) == pytest.approx(0.3)
+    assert float(row["megabytes"]) == pytest.approx(0.04)
+    assert rows["a-iid-seed0"]["r_final_pct"] == ""
+    assert "decline_pct" not in row  # no noise axis
+
+
+def test_table_csv_has_mean_and_std_columns(ablation, tmp_path):
+    rows = rows_of(report(tmp_path, ablation) / "table.csv")
+    assert float(rows["a-shard-1"]["r_final_mean"]) == pytest.approx(55.0)
+    assert float(rows["a-shard-1"]["r_final_std"]) == pytest.approx(50 ** 0.5)
+    assert rows["b-shard-1"]["r_final_std"] == "" and rows["b-shard-1"]["seeds"] == "1"
+
+
+def test_plots_are_written_and_not_empty(ablation, tmp_path):
+    out = report(tmp_path, ablation)
+    for name in ("curves.png", "relative.png", "r_final.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / name).stat().st_size > 10_000
+    assert not list(out.glob(".*"))  # no temporary files left behind
+
+
+def test_seeds_option_restricts_the_report(ablation, tmp_path):
+    text = (report(tmp_path, ablation, "--seeds", "0") / "report.md").read_text()
+    assert "4 of 4 runs found" in text and "## Missing runs" not in text
+    assert "| a | shard-1 | 40.00 ± — | 40.00 ± — | 50.00 ± — | 4.0 ± — |" in text
+
+
+def test_noise_decline_and_realised_rate_by_hand(tmp_path):
+    preset = write_preset(tmp_path, NOISE, "tiny-noise")
+    for name, (curve, realised) in NOISE_CURVES.items():
+        fabricate(preset, tmp_path / "results", name, curve, realised)
+    out = report(tmp_path, preset)
+    text = (out / "report.md").read_text()
+    assert "| method | sym-0.5 decline (%) |" in text
+    assert "| a | 37.50 ± 17.68 |" in text
+    assert "| sym-0.5 | symmetric | 50.00 | 50.00 ± 1.41 | 2 |" in text
+    assert "| none | none | 0.00 | 0.00 ± 0.00 | 2 |" in text
+    assert "## Ablation" not in text  # no partition axis: no R anywhere
+    rows = rows_of(out / "runs.csv")
+    assert float(rows["a-sym-0.5-seed1"]["decline_pct"]) == pytest.approx(50.0)
+    assert float(rows["a-sym-0.5-seed0"]["realised_noise_pct"]) == pytest.approx(49.0)
+    assert rows["a-none-seed0"]["decline_pct"] == ""
+    assert (out / "curves.png").stat().st_size > 10_000
+    assert not (out / "relative.png").exists() and not (out / "r_final.png").exists()
+
+
+def test_zero_runs_is_a_one_line_error(tmp_path):
+    preset = write_preset(tmp_path, ABLATION, "tiny-ablation")
+    done = subprocess.run(
+        [sys.executable, "-m", "ovalp_flwr.report", str(preset.path),
+         "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "reports")],
+        capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "tiny-ablation" in lines[0] and "none of its 8 runs" in lines[0]
+    assert not (tmp_path / "reports").exists()
+
+
+def test_report_of_real_local_runs(tmp_path):
+    text = ABLATION.replace("seeds = [0, 1]", "seeds = [0]").replace(
+        "num-server-rounds = 4",
+        f"num-server-rounds = 3\nfeature-cache-dir = \"{tmp_path / 'cache'}\"")
+    preset = write_preset(tmp_path, text, "tiny-real")
+    assert sweep(preset, preset.runs(), tmp_path / "results", "local") == []
+    out = report(tmp_path, preset)
+    rows = rows_of(out / "runs.csv")
+    assert sorted(rows) == ["a-iid-seed0", "a-shard-1-seed0", "b-iid-seed0", "b-shard-1-seed0"]
+    for name in ("a-shard-1-seed0", "b-shard-1-seed0"):
+        assert 0 < float(rows[name]["r_final_pct"]) < 200
+        assert 1 <= int(rows[name]["acc_at_95"]) <= 3
+        assert float(rows[name]["megabytes"]) > 0 and float(rows[name]["client_seconds"]) > 0
+    assert "4 of 4 runs found" in (out / "report.md").read_text()
+    assert all((out / n).stat().st_size > 10_000 for n in ("curves.png", "relative.png",
+                                                            "r_final.png"))

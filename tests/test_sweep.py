@@ -1,0 +1,120 @@
+"""Presets and the sweep runner: expansion, pairing, checks, resume, subsets."""
+
+from pathlib import Path
+
+import pytest
+
+from ovalp_flwr.sweep import (
+    PAPER_SEEDS,
+    PresetError,
+    is_done,
+    load_preset,
+    main,
+    run_config_arg,
+    select,
+    sweep,
+)
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+TINY = """
+[preset]
+description = "digits through pixels, for tests"
+num-supernodes = 10
+seeds = [0, 1]
+
+[config]
+dataset = "digits"
+encoder = "pixels"
+num-server-rounds = 2
+feature-cache-dir = "{cache}"
+
+[axes.method]
+ova-lp = {{ head = "ova", schedule = "two-stage" }}
+lp-softmax = {{ head = "softmax", schedule = "single-stage" }}
+
+[axes.partition]
+iid = {{ partition = "iid" }}
+shard-1 = {{ partition = "shard", classes-per-client = 1 }}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "tiny") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text.format(cache=tmp_path / "cache"))
+    return path
+
+
+def test_every_shipped_preset_loads_and_validates_every_run():
+    presets = sorted(CONF.glob("*.toml"))
+    assert len(presets) >= 5
+    for path in presets:
+        preset = load_preset(path)
+        assert preset.seeds == PAPER_SEEDS and preset.num_supernodes == 100
+        assert preset.config["num-server-rounds"] == 50
+        names = [s.name for s in preset.runs()]
+        assert len(names) == len(set(names))  # one folder per run
+
+
+def test_runs_are_the_product_of_axes_times_seeds_paired_with_iid(tmp_path):
+    preset = load_preset(write(tmp_path, TINY))
+    runs = preset.runs()
+    assert [s.name for s in runs[:4]] == ["ova-lp-iid-seed0", "ova-lp-shard-1-seed0",
+                                          "lp-softmax-iid-seed0", "lp-softmax-shard-1-seed0"]
+    assert len(runs) == 8
+    shard = runs[3]
+    assert shard.run_config["head"] == "softmax" and shard.run_config["classes-per-client"] == 1
+    assert shard.run_config["seed"] == 0
+    assert shard.reference() == (("method", "lp-softmax"), ("partition", "iid"))
+    assert runs[2].reference() is None
+
+
+def test_only_keeps_matching_runs_and_names_the_axes_on_a_typo(tmp_path):
+    runs = load_preset(write(tmp_path, TINY)).runs()
+    kept = select(runs, ["method=ova-lp", "seed=1"])
+    assert [s.name for s in kept] == ["ova-lp-iid-seed1", "ova-lp-shard-1-seed1"]
+    with pytest.raises(PresetError, match="axis one of: seed, method, partition"):
+        select(runs, ["methd=ova-lp"])
+
+
+@pytest.mark.parametrize("change, match", [
+    (("head = \"ova\"", "head = \"mlp\""), "run ova-lp-iid-seed0: run config: head='mlp'"),
+    (("[config]", "[config]\nseed = 3"), "seed is set by the sweep"),
+    (("num-supernodes = 10", "num-supernodes = 0"), "num-supernodes=0 is not allowed"),
+    (("[preset]", "[preset]\nrounds = 3"), "key 'rounds' is not allowed"),
+])
+def test_bad_presets_fail_before_anything_runs_with_one_line(tmp_path, change, match):
+    with pytest.raises(PresetError, match=match):
+        load_preset(write(tmp_path, TINY.replace(*change)))
+
+
+def test_run_config_arg_quotes_strings_only():
+    assert run_config_arg({"head": "ova", "seed": 3, "noise-rate": 0.5}) == \
+        "head='ova' seed=3 noise-rate=0.5"
+
+
+def test_sweep_runs_what_is_missing_and_resumes(tmp_path, capsys):
+    preset = load_preset(write(tmp_path, TINY))
+    specs = select(preset.runs(), ["seed=0"])
+    assert sweep(preset, specs[:1], tmp_path / "results", "local") == []
+    assert is_done(preset, specs[0], tmp_path / "results")
+    assert not is_done(preset, specs[1], tmp_path / "results")
+    assert sweep(preset, specs, tmp_path / "results", "local") == []
+    out = capsys.readouterr().out
+    assert "4 runs, 1 already done, 3 to run" in out
+    assert all(is_done(preset, s, tmp_path / "results") for s in specs)
+    # a summary from another config is not taken for this run
+    changed = load_preset(write(tmp_path, TINY.replace("num-server-rounds = 2",
+                                                       "num-server-rounds = 3")))
+    assert not is_done(changed, changed.runs()[0], tmp_path / "results")
+
+
+def test_cli_lists_runs_and_reports_a_bad_preset_in_one_line(tmp_path, capsys):
+    path = write(tmp_path, TINY)
+    assert main([str(path), "--list", "--only", "seed=1",
+                 "--results-dir", str(tmp_path / "r")]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "todo  ova-lp-iid-seed1", "todo  ova-lp-shard-1-seed1",
+        "todo  lp-softmax-iid-seed1", "todo  lp-softmax-shard-1-seed1"]
+    assert main([str(tmp_path / "nope.toml")]) == 2
+    assert capsys.readouterr().err.startswith("error: preset ")
