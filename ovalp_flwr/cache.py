@@ -76,11 +76,15 @@ class CachedFeatures:
     manifest: dict[str, Any]
 
     def feature_space(self) -> str:
-        """Digest of what makes two caches' features and labels interchangeable: the encoder
-        identity (weights, preprocessing, dtype, size) and the ordered class names, not the data.
-        Nodes with their own data must agree on it with the server."""
-        space = {k: self.manifest.get(k) for k in ("encoder_identity", "class_names", "dtype")}
-        return hashlib.sha256(json.dumps(space, sort_keys=True).encode()).hexdigest()[:16]
+        return feature_space(self.manifest)
+
+
+def feature_space(manifest: dict[str, Any]) -> str:
+    """Digest of what makes two caches' features and labels interchangeable: the encoder
+    identity (weights, preprocessing, dtype, size) and the ordered class names, not the data.
+    Nodes with their own data must agree on it with the server."""
+    space = {k: manifest.get(k) for k in ("encoder_identity", "class_names", "dtype")}
+    return hashlib.sha256(json.dumps(space, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def cache_path(
@@ -152,6 +156,11 @@ def load_features(
     _expect(path, "num_classes", len(manifest.get("class_names", [])), manifest.get("num_classes"))
     splits = {name: _read_split(path, manifest, name) for name in SPLITS}
     return CachedFeatures(splits["train"], splits["test"], manifest["num_classes"], manifest)
+
+
+def read_manifest(cache_dir: Path, dataset: str, encoder: str, **encoder_options: Any) -> dict[str, Any]:
+    """A cache's manifest alone (no feature file is read): cheap facts for a fresh process."""
+    return _read_manifest(cache_path(cache_dir, dataset, encoder, **encoder_options))
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:

@@ -11,14 +11,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from ovalp_flwr import protocol as p
-from ovalp_flwr.client_data import (
-    client_rows,
-    feature_source,
-    node_features,
-    noise_spec,
-    noisy_count,
-    partition_spec,
-)
+from ovalp_flwr.client_data import NodeRows, feature_source, node_rows, noise_spec, partition_spec
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.heads import accuracy, head_from_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
@@ -45,19 +38,17 @@ def describe(msg: Message, context: Context) -> Message:
     cache here, on the run's first message."""
     config = RunConfig.from_mapping(context.run_config)
     partition_id, num_partitions = node_partition(context)
-    features, labels = _rows(config, context)
-    source = feature_source(config, context.node_config)
+    rows = _rows(config, context)
     content = RecordDict({
         p.METRICS: MetricRecord({
             p.PARTITION_ID: partition_id, p.NUM_PARTITIONS: num_partitions,
-            p.NUM_EXAMPLES: len(labels), p.OWN_DATA: int(source.own_data),
-            p.NOISY_EXAMPLES: noisy_count(source, partition_spec(config), noise_spec(config),
-                                          partition_id, num_partitions),
+            p.NUM_EXAMPLES: len(rows.labels), p.NOISY_EXAMPLES: rows.noisy,
+            p.OWN_DATA: int(feature_source(config, context.node_config).own_data),
         }),
-        p.CONFIG: ConfigRecord({p.FEATURE_SPACE: node_features(source).feature_space()}),
+        p.CONFIG: ConfigRecord({p.FEATURE_SPACE: rows.feature_space}),
     })
-    if NEEDS_STATS[config.feature_norm] and len(labels):
-        moments = FeatureMoments.of(per_sample(config.feature_norm, features))
+    if NEEDS_STATS[config.feature_norm] and len(rows.labels):
+        moments = FeatureMoments.of(per_sample(config.feature_norm, rows.features))
         content[p.MOMENTS] = p.to_record({"sum": moments.total, "sum-sq": moments.total_sq})
     return Message(content=content, reply_to=msg)
 
@@ -117,12 +108,12 @@ def _stored_stats(context: Context, digest: str) -> NormStats | None:
     return stats
 
 
-def _rows(config: RunConfig, context: Context) -> tuple[np.ndarray, np.ndarray]:
+def _rows(config: RunConfig, context: Context) -> NodeRows:
     """This node's partition of the cache it reads (the run's, or its own: see client_data)."""
     partition_id, num_partitions = node_partition(context)
     source = feature_source(config, context.node_config)
-    return client_rows(source, partition_spec(config), noise_spec(config), partition_id,
-                       num_partitions)
+    return node_rows(source, partition_spec(config), noise_spec(config), partition_id,
+                     num_partitions)
 
 
 def _device_rows(config: RunConfig, context: Context, digest: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,13 +123,14 @@ def _device_rows(config: RunConfig, context: Context, digest: str) -> tuple[torc
            noise_spec(config), config.feature_norm, config.device, partition_id, num_partitions, digest)
     if key not in _ON_DEVICE:
         stats = _stored_stats(context, digest)
-        features, labels = _rows(config, context)
+        rows = _rows(config, context)
         device = resolve_device(config.device)
         if device.type == "cpu":
             # Heads are tiny: with 2 intra-op threads a 3-step round took 15 ms, with one
             # 2.5 ms (thread sync dominates). A Ray client holds one CPU anyway.
             torch.set_num_threads(1)
-        rows = normalize(config.feature_norm, features, stats) if len(labels) else features
-        _ON_DEVICE[key] = (torch.from_numpy(np.ascontiguousarray(rows)).to(device),
-                           torch.from_numpy(labels.astype(np.int64)).to(device))
+        features = normalize(config.feature_norm, rows.features, stats) if len(rows.labels) \
+            else rows.features
+        _ON_DEVICE[key] = (torch.from_numpy(np.ascontiguousarray(features)).to(device),
+                           torch.from_numpy(rows.labels.astype(np.int64)).to(device))
     return _ON_DEVICE[key]

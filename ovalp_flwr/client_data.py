@@ -14,20 +14,36 @@ all clients), so a round only slices arrays. No Flower here.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ovalp_flwr.cache import CachedFeatures, load_or_build
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from ovalp_flwr.cache import (
+    CachedFeatures,
+    CacheError,
+    cache_path,
+    feature_space,
+    load_or_build,
+    read_manifest,
+)
+from ovalp_flwr.durable import write_durably
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.noise import NoiseSpec, noisy_labels
 from ovalp_flwr.partition import PartitionSpec, partition_indices
 
 NODE_PATH_KEYS = ("data-dir", "feature-cache-dir")
+ROWS_DIR = ".rows"
 
 
 def resolve_path(path: str) -> Path:
@@ -104,11 +120,44 @@ def all_partitions(config: RunConfig, num_partitions: int) -> tuple[np.ndarray, 
                       num_partitions)
 
 
-def client_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec, partition_id: int,
-                num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
-    """(features, labels) of one client's partition of the training split; noisy labels."""
+@dataclass(frozen=True)
+class NodeRows:
+    """One client's partition: its features, its (noisy) labels and what `describe` reports."""
+
+    features: np.ndarray  # float32 [n, D]
+    labels: np.ndarray  # int64 [n], with the run's label noise
+    noisy: int  # how many of those labels the noise changed
+    feature_space: str  # CachedFeatures.feature_space() of the cache they come from
+
+
+@lru_cache(maxsize=8)
+def node_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec, partition_id: int,
+              num_partitions: int) -> NodeRows:
+    """This client's rows, once per process. A node that owns its data also keeps them in a
+    small verified file beside its cache, so the fresh process Flower's deployment runtime
+    starts for every message reads a few MB instead of the whole cache (and never imports the
+    partitioners)."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id={partition_id} is not allowed; use 0..{num_partitions - 1}")
+    if not source.own_data:
+        return _rows_from_cache(source, spec, noise, partition_id, num_partitions)
+    node_features_dir = resolve_path(source.cache_dir)
+    folder = cache_path(node_features_dir, source.dataset, source.encoder)
+    if not folder.exists():
+        node_features(source)  # first run on this node: build its cache
+    manifest = read_manifest(node_features_dir, source.dataset, source.encoder)
+    request = {"partition": asdict(spec), "noise": asdict(noise), "partition_id": partition_id,
+               "num_partitions": num_partitions, "train_sha256": manifest["splits"]["train"]["sha256"]}
+    path = _rows_path(folder, request)
+    if path.exists():
+        return _read_rows(path, request, feature_space(manifest))
+    rows = _rows_from_cache(source, spec, noise, partition_id, num_partitions)
+    _write_rows(path, rows, request)
+    return rows
+
+
+def _rows_from_cache(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
+                     partition_id: int, num_partitions: int) -> NodeRows:
     cached = node_features(source)
     if source.own_data and num_partitions > len(cached.train.y):  # the server checks the run's
         raise ValueError(
@@ -116,11 +165,50 @@ def client_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec, pa
             f"split ({source.dataset} in data-dir {source.data_dir!r}) has only "
             f"{len(cached.train.y)} samples")
     rows = _partition(source, spec, noise, num_partitions)[partition_id]
-    return cached.train.x[rows], train_labels(source, noise)[rows]
+    labels = train_labels(source, noise)[rows]
+    return NodeRows(np.ascontiguousarray(cached.train.x[rows]), labels,
+                    int(np.sum(labels != cached.train.y[rows])), cached.feature_space())
 
 
-def noisy_count(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec, partition_id: int,
-                num_partitions: int) -> int:
-    """How many of this client's labels the noise changed (for the run's realised rate)."""
-    rows = _partition(source, spec, noise, num_partitions)[partition_id]
-    return int(np.sum(train_labels(source, noise)[rows] != node_features(source).train.y[rows]))
+def _rows_path(folder: Path, request: dict) -> Path:
+    """`<cache_dir>/.rows/<cache folder>/<digest of the request>.safetensors` (hidden: not a cache)."""
+    digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:20]
+    return folder.parent / ROWS_DIR / folder.name / f"{digest}.safetensors"
+
+
+def _rows_digest(features: np.ndarray, labels: np.ndarray) -> str:
+    return hashlib.sha256(features.tobytes() + labels.tobytes()).hexdigest()
+
+
+def _write_rows(path: Path, rows: NodeRows, request: dict) -> None:
+    """Atomic: a temp file renamed into place, so a reader never sees half of one."""
+    metadata = {"request": json.dumps(request, sort_keys=True), "noisy": str(rows.noisy),
+                "feature_space": rows.feature_space,
+                "sha256": _rows_digest(rows.features, rows.labels)}
+    blob = st_save({"features": rows.features, "labels": rows.labels}, metadata=metadata)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write_durably(tmp, blob)
+    os.replace(tmp, path)
+
+
+def _read_rows(path: Path, request: dict, space: str) -> NodeRows:
+    """The saved rows, if they are what this request would compute from this cache."""
+    def stale(what: str) -> CacheError:
+        return CacheError(f"node rows {path}: {what}; delete the file to recompute it")
+
+    try:
+        blob = path.read_bytes()
+        with safe_open(str(path), framework="numpy") as handle:
+            metadata = handle.metadata() or {}
+        tensors = st_load(blob)
+        features, labels = tensors["features"], tensors["labels"]
+    except (OSError, KeyError, ValueError, SafetensorError) as err:
+        raise stale(f"unreadable ({err})") from None
+    if metadata.get("request") != json.dumps(request, sort_keys=True):
+        raise stale("it was made for another partition or cache")
+    if metadata.get("feature_space") != space:
+        raise stale(f"feature space {metadata.get('feature_space')} is not the cache's {space}")
+    if metadata.get("sha256") != _rows_digest(features, labels):
+        raise stale("sha256 mismatch (corrupted)")
+    return NodeRows(features, labels, int(metadata["noisy"]), space)

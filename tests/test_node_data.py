@@ -102,3 +102,59 @@ def test_a_node_with_fewer_samples_than_partitions_says_so(nodes, tmp_path):
     node_configs = [own(nodes[0]), own(nodes[1]), own(tiny)]
     with pytest.raises(FederationError, match="num-partitions=3 is not allowed.*only 2 samples"):
         run_local(config(tmp_path, nodes[0]), 3, node_configs)
+
+
+def fresh_process_state():
+    """What a new ClientApp process starts with: no per-process caches."""
+    from ovalp_flwr import client, client_data
+
+    for cached in (client_data.node_features, client_data.node_rows, client_data.train_labels,
+                   client_data._partition):
+        cached.cache_clear()
+    client._ON_DEVICE.clear()
+
+
+def rows_files(node: Path) -> list[Path]:
+    return sorted((node.parent / "cache" / ".rows").rglob("*.safetensors"))
+
+
+def test_a_fresh_process_reads_its_rows_file_not_the_cache(nodes, tmp_path, monkeypatch):
+    before = [len(rows_files(n)) for n in nodes]
+    run = config(tmp_path, nodes[0], seed=7)
+    first = read_summary(run_local(run, 3, [own(n) for n in nodes]))
+    assert [len(rows_files(n)) - b for n, b in zip(nodes, before)] == [1, 1, 1]
+    fresh_process_state()
+
+    def no_cache(*args, **kwargs):
+        raise AssertionError("the whole cache was loaded")
+
+    monkeypatch.setattr("ovalp_flwr.client_data.load_or_build", no_cache)
+    again = read_summary(run_local(run, 3, [own(n) for n in nodes]))
+    assert again["final_accuracy"] == first["final_accuracy"]
+    # another seed is another partition: a new file, computed from the cache
+    monkeypatch.undo()
+    run_local(config(tmp_path, nodes[0], seed=8), 3, [own(n) for n in nodes])
+    assert [len(rows_files(n)) - b for n, b in zip(nodes, before)] == [2, 2, 2]
+
+
+def test_a_corrupted_rows_file_is_an_error_naming_it(nodes, tmp_path):
+    run_local(config(tmp_path, nodes[0], seed=5), 3, [own(n) for n in nodes])
+    fresh_process_state()
+    newest = max(rows_files(nodes[2]), key=lambda f: f.stat().st_mtime)
+    blob = bytearray(newest.read_bytes())
+    blob[-1] ^= 0xFF
+    newest.write_bytes(bytes(blob))
+    with pytest.raises(FederationError, match=r"node rows .*sha256 mismatch \(corrupted\)"):
+        run_local(config(tmp_path, nodes[0], seed=5), 3, [own(n) for n in nodes])
+    assert newest.exists()  # reported, never silently recomputed
+
+
+def test_the_client_app_imports_no_partitioner_or_encoder_library():
+    import subprocess
+    import sys
+
+    code = ("import sys, client_app; heavy = [m for m in ('flwr_datasets', 'sklearn', 'timm', "
+            "'transformers', 'seaborn', 'datasets') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.strip() == "[]"
