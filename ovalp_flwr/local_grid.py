@@ -50,6 +50,7 @@ class InProcessGrid(Grid):
                                state=RecordDict(), run_config=dict(run_config))
             for i, node in enumerate(node_ids)
         }
+        self.offline: set[int] = set()  # nodes not connected (tests of faults and late joins)
         self._replies: dict[str, Message] = {}
         self._run: Run | None = None
 
@@ -68,7 +69,7 @@ class InProcessGrid(Grid):
                        group_id=group_id, ttl=ttl)
 
     def get_node_ids(self) -> Iterable[int]:
-        return list(self.contexts)
+        return [node for node in self.contexts if node not in self.offline]
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
@@ -88,6 +89,8 @@ class InProcessGrid(Grid):
     def _deliver(self, message: Message) -> Message:
         """Call the ClientApp; an exception becomes an error reply, as in Flower's runtime."""
         context = self.contexts[message.metadata.dst_node_id]
+        if message.metadata.dst_node_id in self.offline:  # what the SuperLink answers for it
+            return Message(error=Error(code=0, reason="node offline"), reply_to=message)
         try:
             return self.client_app(message, context)
         except Exception as err:  # noqa: BLE001 - mirrored into the reply like Flower does

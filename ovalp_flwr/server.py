@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 import time
-from logging import INFO
+from collections.abc import Callable
+from logging import INFO, WARNING
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,8 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     strategy = StagedFedAvg(
         stage_for_round=config.stage_for_round,
         seed=config.seed,
-        node_order=sorted(clients, key=lambda node: clients[node][p.PARTITION_ID]),
+        node_order=by_partition(clients),
+        admit=late_admitter(cache, stats, clients),
         fraction_train=config.fraction_train,
         fraction_evaluate=config.fraction_evaluate,
         extra_train_config=digest_config,
@@ -157,7 +159,7 @@ def exchange(grid: Grid, message_type: str, contents: dict[int, RecordDict]) -> 
     return {m.metadata.src_node_id: m.content for m in replies}
 
 
-def describe_clients(grid: Grid, nodes: list[int]) -> dict[int, dict]:
+def describe_clients(grid: Grid, nodes: list[int], check_ids: bool = True) -> dict[int, dict]:
     """Every client's partition id and sample count (plus moments, if the norm needs them)."""
     replies = exchange(grid, p.DESCRIBE, {n: RecordDict({p.CONFIG: ConfigRecord()}) for n in nodes})
     clients = {}
@@ -167,7 +169,8 @@ def describe_clients(grid: Grid, nodes: list[int]) -> dict[int, dict]:
         if p.MOMENTS in content:
             info[p.MOMENTS] = p.from_record(content[p.MOMENTS])
         clients[node] = info
-    _check_partition_ids(clients)
+    if check_ids:
+        _check_partition_ids(clients)
     return clients
 
 
@@ -188,10 +191,11 @@ def partition_summary(config: RunConfig, clients: dict[int, dict],
                       cache: CachedFeatures) -> PartitionSummary:
     """Sizes and classes per client from the shared cache; for nodes with their own data the
     server knows only the sample counts they report (as FedAvg does), so classes stay empty."""
-    if not any(int(c[p.OWN_DATA]) for c in clients.values()):
+    by_id = [clients[node] for node in by_partition(clients)]
+    if not any(int(c[p.OWN_DATA]) for c in by_id):
+        parts = all_partitions(config, num_partitions(clients))
         return summarize_partition(
-            config.partition, list(all_partitions(config, len(clients))), cache.train.y)
-    by_id = sorted(clients.values(), key=lambda c: int(c[p.PARTITION_ID]))
+            config.partition, [parts[int(c[p.PARTITION_ID])] for c in by_id], cache.train.y)
     return summarize_sizes(f"{config.partition} of node-local data",
                            [int(c[p.NUM_EXAMPLES]) for c in by_id])
 
@@ -205,12 +209,72 @@ def label_noise_summary(config: RunConfig, clients: dict[int, dict]) -> dict:
 
 
 def _check_partition_ids(clients: dict[int, dict]) -> None:
+    """One num-partitions N for all, distinct ids in 0..N-1. N may exceed the nodes present:
+    the missing partitions' nodes can join later (`admit_late`)."""
     counts = {int(c[p.NUM_PARTITIONS]) for c in clients.values()}
     ids = sorted(int(c[p.PARTITION_ID]) for c in clients.values())
-    if counts != {len(clients)} or ids != list(range(len(clients))):
+    n = max(counts)
+    if len(counts) != 1 or len(set(ids)) != len(ids) or not 0 <= ids[0] <= ids[-1] < n:
         raise FederationError(
             f"{len(clients)} clients report num-partitions {sorted(counts)} and partition ids "
-            f"{ids[:5]}...; each node needs a distinct partition-id in 0..{len(clients) - 1}")
+            f"{ids[:5]}...; every node needs the same num-partitions and a distinct partition-id "
+            f"in 0..num-partitions-1")
+    if len(ids) < n:
+        missing = sorted(set(range(n)) - set(ids))
+        log(WARNING, "partitions %s of %s have no node yet; they join when their nodes connect",
+            missing[:10], n)
+
+
+def num_partitions(clients: dict[int, dict]) -> int:
+    return int(next(iter(clients.values()))[p.NUM_PARTITIONS])
+
+
+def by_partition(clients: dict[int, dict]) -> list[int]:
+    """Node ids ordered by partition id: the order sampling draws from."""
+    return sorted(clients, key=lambda node: int(clients[node][p.PARTITION_ID]))
+
+
+def late_admitter(cache: CachedFeatures, stats: NormStats | None,
+                  clients: dict[int, dict]) -> Callable[[Grid, list[int]], list[int]]:
+    """How a node that connects mid-run joins: `describe`, the feature-space check, the
+    global statistics. Refused (one warning each): a failed reply, another feature space,
+    another num-partitions, a partition id a live node already holds. A new node that takes
+    the id of an offline one replaces it."""
+
+    def admit(grid: Grid, new_nodes: list[int]) -> list[int]:
+        try:
+            described = describe_clients(grid, new_nodes, check_ids=False)
+        except FederationError as err:
+            log(WARNING, "late nodes %s not admitted: %s", new_nodes, err)
+            return by_partition(clients)
+        live = set(grid.get_node_ids())
+        holders = {int(c[p.PARTITION_ID]): node for node, c in clients.items()}
+        admitted = []
+        for node in by_partition(described):
+            info, pid = described[node], int(described[node][p.PARTITION_ID])
+            reason = _refusal(info, pid, num_partitions(clients), cache, holders, live)
+            if reason:
+                log(WARNING, "late node %s not admitted: %s", node, reason)
+                continue
+            clients.pop(holders.get(pid, -1), None)  # an offline holder is replaced
+            clients[node], holders[pid] = info, node
+            admitted.append(node)
+        if stats is not None and admitted:
+            broadcast_stats(grid, stats, admitted)
+        return by_partition(clients)
+
+    return admit
+
+
+def _refusal(info: dict, pid: int, n: int, cache: CachedFeatures, holders: dict[int, int],
+             live: set[int]) -> str | None:
+    if info[p.FEATURE_SPACE] != cache.feature_space():
+        return f"features from another encoder or label set ({info[p.FEATURE_SPACE]})"
+    if int(info[p.NUM_PARTITIONS]) != n or not 0 <= pid < n:
+        return f"partition {pid} of {int(info[p.NUM_PARTITIONS])} does not fit the run's {n}"
+    if holders.get(pid) in live:
+        return f"partition-id {pid} is held by live node {holders[pid]}"
+    return None
 
 
 def global_stats(config: RunConfig, clients: dict[int, dict]) -> NormStats | None:

@@ -43,7 +43,11 @@ class StagedFedAvg(FedAvg):
         fraction_train: float = 1.0,
         fraction_evaluate: float = 0.0,
         extra_train_config: dict | None = None,
+        admit: Callable[[Grid, list[int]], list[int]] | None = None,
     ) -> None:
+        """admit(grid, new_node_ids) -> node ids in sampling order: how nodes that connect
+        after the run started join it (the ServerApp describes, checks and briefs them);
+        without it, the nodes at the start are the federation for the whole run."""
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
@@ -55,6 +59,8 @@ class StagedFedAvg(FedAvg):
         self.stage_for_round = stage_for_round
         self.seed = seed
         self.node_order = node_order
+        self.admit = admit
+        self._seen = set(node_order or [])  # nodes admitted or refused so far
         self.extra_train_config = dict(extra_train_config or {})
         self.rounds: dict[int, dict] = {}  # per-round costs, read by the ServerApp
 
@@ -72,6 +78,7 @@ class StagedFedAvg(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Send the global head with this round's stage to a seeded sample of clients."""
+        self._admit_late_nodes(grid, server_round)
         node_ids = self.sample(grid, server_round, self.fraction_train, purpose=0)
         round_config = ConfigRecord(dict(config))  # a copy: the same object comes every round
         round_config.update(self.extra_train_config)
@@ -86,6 +93,18 @@ class StagedFedAvg(FedAvg):
         log(INFO, "configure_train: round %s, stage %s, %s clients", server_round,
             round_config[STAGE], len(node_ids))
         return self._construct_messages(content, node_ids, MessageType.TRAIN)
+
+    def _admit_late_nodes(self, grid: Grid, server_round: int) -> None:
+        """Nodes that connected since the last round join from this one, if `admit` takes them."""
+        if self.admit is None or self.node_order is None:
+            return
+        new = sorted(set(grid.get_node_ids()) - self._seen)
+        if new:
+            self._seen.update(new)
+            before = len(self.node_order)
+            self.node_order = self.admit(grid, new)
+            log(INFO, "round %s: %s node(s) connected late, %s admitted; %s in the federation",
+                server_round, len(new), len(self.node_order) - before, len(self.node_order))
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -126,3 +126,48 @@ def test_label_noise_is_applied_and_its_realised_rate_recorded(cache_dir, tmp_pa
     assert clean["label_noise"] == {"kind": "none", "rate": 0.0, "realised_rate": 0.0}
     assert noisy["label_noise"]["realised_rate"] == pytest.approx(0.3, abs=1e-3)
     assert noisy["final_accuracy"] < clean["final_accuracy"]
+
+
+class LateJoinGrid(InProcessGrid):
+    """Nodes in `late` connect once the first round's train messages have gone out."""
+
+    def __init__(self, *args, late: set[int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.offline = set(late)
+        self.late = set(late)
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        if any(m.metadata.message_type == "train" for m in messages):
+            self.offline -= self.late
+        return ids
+
+
+def late_run(cache_dir, tmp_path, late_partition: int, duplicate: bool = False):
+    from ovalp_flwr.config import RunConfig
+    from ovalp_flwr.server import run_server
+
+    run_config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                  "results-dir": str(tmp_path / "results"), "num-server-rounds": 3,
+                  "run-name": "late", "partition": "iid"}
+    grid = LateJoinGrid(client_app.app, 4, run_config, late=set())
+    by_pid = {c.node_config["partition-id"]: node for node, c in grid.contexts.items()}
+    late = by_pid[late_partition]
+    if duplicate:  # the late node claims a partition a live node holds
+        grid.contexts[late].node_config["partition-id"] = 0
+    grid.offline, grid.late = {late}, {late}
+    return read_summary(run_server(grid, RunConfig.from_mapping(run_config)))
+
+
+def test_a_node_that_connects_late_trains_from_the_next_round(cache_dir, tmp_path):
+    summary = late_run(cache_dir, tmp_path, late_partition=3)
+    assert [(r["clients_sampled"], r["clients_trained"]) for r in summary["rounds"]] == [
+        (3, 3), (4, 4), (4, 4)]
+    assert summary["num_clients"] == 3  # the partition summary is taken at the start
+
+
+def test_a_late_node_claiming_a_held_partition_is_refused(cache_dir, tmp_path, caplog):
+    summary = late_run(cache_dir, tmp_path, late_partition=3, duplicate=True)
+    assert [r["clients_sampled"] for r in summary["rounds"]] == [3, 3, 3]
+    assert any("partition-id 0 is held by live node" in r.getMessage() for r in caplog.records)

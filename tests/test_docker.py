@@ -1,0 +1,68 @@
+"""The compose demo, checked without a docker engine: structure, and every flag against the
+installed Flower CLIs (the same binaries `ovalp_flwr.deploy` runs as native processes)."""
+
+import re
+import shlex
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+DOCKER = Path(__file__).resolve().parent.parent / "docker"
+BIN = Path(sys.executable).parent
+ENTRYPOINTS = {"flwr/superlink": "flower-superlink", "flwr/supernode": "flower-supernode"}
+
+
+def compose() -> dict:
+    return yaml.safe_load((DOCKER / "compose.yml").read_text())
+
+
+@lru_cache
+def flags_of(binary: str) -> set[str]:
+    out = subprocess.run([str(BIN / binary), "--help"], capture_output=True, text=True).stdout
+    return set(re.findall(r"--[a-z][a-z0-9-]*", out))
+
+
+def binary(service: dict) -> str:
+    image = service.get("image", "").split(":")[0]
+    return ENTRYPOINTS.get(image, "flower-superexec")  # built services extend flwr/superexec
+
+
+def test_every_flag_in_the_compose_file_exists_in_the_installed_flower():
+    for name, service in compose()["services"].items():
+        used = {a for a in service["command"] if a.startswith("--")}
+        unknown = used - flags_of(binary(service))
+        assert not unknown, f"{name}: {binary(service)} has no {sorted(unknown)}"
+
+
+def test_supernodes_partition_ids_volumes_and_clientapps_are_consistent():
+    services = compose()["services"]
+    nodes = {n: s for n, s in services.items() if binary(s) == "flower-supernode"}
+    assert len(nodes) == 3
+    for i in range(len(nodes)):
+        command = nodes[f"supernode-{i}"]["command"]
+        config = dict(kv.split("=", 1) for kv in shlex.split(command[command.index("--node-config") + 1]))
+        assert config == {"partition-id": str(i), "num-partitions": str(len(nodes)),
+                          "data-dir": "/data", "feature-cache-dir": "/cache"}
+        assert command[command.index("--superlink") + 1] == "superlink:8000"
+        runtime = services[f"clientapp-{i}"]
+        port = command[command.index("--port") + 1]
+        assert runtime["command"][runtime["command"].index("--runtime-api-address") + 1] == \
+            f"supernode-{i}:{port}"
+        # the ClientApp runs in the runtime container: it must see the node's data and cache
+        assert sorted(runtime["volumes"]) == [f"node{i}-cache:/cache", f"node{i}-data:/data"]
+    declared = set(compose()["volumes"])
+    used = {v.split(":")[0] for s in services.values() for v in s.get("volumes", [])}
+    assert used <= declared
+
+
+def test_superlink_and_serverapp_runtime_meet_on_one_port():
+    services = compose()["services"]
+    link = services["superlink"]["command"]
+    port = link[link.index("--port") + 1]
+    assert services["superlink"]["ports"] == [f"{port}:{port}"]
+    server = services["serverapp"]["command"]
+    assert server[server.index("--runtime-api-address") + 1] == f"superlink:{port}"
+    assert "--isolation" in link and link[link.index("--isolation") + 1] == "process"
