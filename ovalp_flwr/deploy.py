@@ -9,13 +9,18 @@ Each SuperNode gets `--node-config "partition-id=i num-partitions=N"`; with `--n
 every node owns its data and builds and keeps its own cache there (`client_data`). Every
 process is started in its own session and stopped by PID, with all it started, on exit,
 error, Ctrl-C or SIGTERM. Logs go to `<flwr-home>/deploy/`.
+
+With `--tls` (`secure=True`) the deployment is encrypted and authenticated: throwaway
+certificates and SuperNode keys are made under `<flwr-home>/certs` (`ovalp_flwr.certs`),
+the SuperLink runs with `--ssl-*` and `--enable-supernode-auth`, the connection trusts the
+CA (`root-certificates`), and each SuperNode's public key is registered with `flwr supernode
+register` before the node starts with `--root-certificates --auth-supernode-private-key`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import signal
 import subprocess
 import sys
 import time
@@ -23,14 +28,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ovalp_flwr import certs as certs_module
 from ovalp_flwr.launch import (
-    FINAL_LINE,
     PROJECT,
     _bin,
     _wait_for_port,
     flower_env,
+    flwr_args_after_dashes,
     free_port,
+    report_result,
     stop_group,
+    stream_flwr_run,
 )
 
 CONNECTION = "ovalp-deploy"
@@ -44,6 +52,11 @@ class Deployment:
     flwr_home: Path
     superlink: subprocess.Popen
     supernodes: list[subprocess.Popen] = field(default_factory=list)
+    certs: Path | None = None  # set when secure: CA cert, server cert/key, node keys
+
+    @property
+    def secure(self) -> bool:
+        return self.certs is not None
 
     def processes(self) -> list[subprocess.Popen]:
         return [self.superlink, *self.supernodes]
@@ -65,13 +78,42 @@ def _start(command: list[str], log: Path, flwr_home: Path, cwd: Path) -> subproc
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def register_supernode(deployment: Deployment, public_key: Path) -> str:
+    """`flwr supernode register <public_key> ovalp-deploy`; its output (raises on failure)."""
+    done = subprocess.run([_bin("flwr"), "supernode", "register", str(public_key), CONNECTION],
+                          env=flower_env(deployment.flwr_home), capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"flwr supernode register {public_key} failed ({done.returncode}):\n"
+                           f"{done.stdout}{done.stderr}")
+    return done.stdout
+
+
 def start_supernode(deployment: Deployment, partition_id: int, num_partitions: int,
-                    node_dir: str | None, cwd: Path = PROJECT) -> subprocess.Popen:
-    """One more SuperNode (also for a node that joins a running federation late)."""
-    command = [_bin("flower-supernode"), "--insecure", "--superlink", deployment.address,
+                    node_dir: str | None, cwd: Path = PROJECT, private_key: Path | None = None,
+                    register: bool = True, log_name: str | None = None) -> subprocess.Popen:
+    """One more SuperNode (also for a node that joins a running federation late).
+
+    Secure deployments: the node authenticates with `private_key` (default: the key pair
+    `supernode-<partition_id>` under the deployment's certs, made if missing), whose public
+    half is registered first unless `register=False` (a node the SuperLink must refuse).
+    """
+    if deployment.secure:
+        assert deployment.certs is not None
+        if private_key is None:
+            private_key = deployment.certs / certs_module.node_key_name(partition_id)
+            if not private_key.exists():
+                certs_module.make_node_keys(deployment.certs, private_key.name)
+        if register:
+            register_supernode(deployment, private_key.with_name(private_key.name + ".pub"))
+        security = ["--root-certificates", str(deployment.certs / "ca.crt"),
+                    "--auth-supernode-private-key", str(private_key)]
+    else:
+        security = ["--insecure"]
+    command = [_bin("flower-supernode"), *security, "--superlink", deployment.address,
                "--port", str(free_port()),
                "--node-config", node_config(partition_id, num_partitions, node_dir)]
-    log = deployment.flwr_home / "deploy" / f"supernode-{partition_id}.log"
+    log = deployment.flwr_home / "deploy" / (log_name or f"supernode-{partition_id}.log")
     process = _start(command, log, deployment.flwr_home, cwd)
     deployment.supernodes.append(process)
     return process
@@ -79,51 +121,54 @@ def start_supernode(deployment: Deployment, partition_id: int, num_partitions: i
 
 @contextlib.contextmanager
 def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None = None,
-                     cwd: Path = PROJECT) -> Iterator[Deployment]:
-    """SuperLink + N SuperNodes; everything stopped on the way out, whatever happens."""
+                     cwd: Path = PROJECT, secure: bool = False) -> Iterator[Deployment]:
+    """SuperLink + N SuperNodes; everything stopped on the way out, whatever happens.
+
+    `secure`: TLS + SuperNode authentication, with throwaway certs under `<flwr_home>/certs`.
+    """
     flwr_home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = flwr_home / "deploy" / "superlink.log"
-    superlink = _start([_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1",
+    certs = None
+    if secure:
+        certs = flwr_home / "certs"
+        server, _ = certs_module.make_all(certs, num_supernodes)
+        security = ["--ssl-certfile", str(server.server_cert),
+                    "--ssl-keyfile", str(server.server_key),
+                    "--ssl-ca-certfile", str(server.ca_cert), "--enable-supernode-auth"]
+    else:
+        security = ["--insecure"]
+    superlink = _start([_bin("flower-superlink"), *security, "--host", "127.0.0.1",
                         "--port", str(port), "--database", str(flwr_home / "deploy" / "state.db")],
                        log, flwr_home, cwd)
-    deployment = Deployment(f"127.0.0.1:{port}", flwr_home, superlink)
+    deployment = Deployment(f"127.0.0.1:{port}", flwr_home, superlink, certs=certs)
     try:
         _wait_for_port(port, superlink, log)
+        # the connection first: `flwr supernode register` (secure) goes through it
+        write_connection(flwr_home, deployment.address,
+                         certs / "ca.crt" if certs is not None else None)
         for i in range(num_supernodes):
             start_supernode(deployment, i, num_supernodes, node_dir, cwd)
-        write_connection(flwr_home, deployment.address)
         yield deployment
     finally:
         for process in reversed(deployment.processes()):
             stop_group(process)
 
 
-def write_connection(flwr_home: Path, address: str) -> None:
-    """`ovalp-deploy`, the default connection of this Flower home, pointing at our SuperLink."""
+def write_connection(flwr_home: Path, address: str, root_certificates: Path | None = None) -> None:
+    """`ovalp-deploy`, the default connection of this Flower home, pointing at our SuperLink
+    (TLS trusting `root_certificates` when given, else insecure)."""
+    security = (f'root-certificates = "{root_certificates}"\n' if root_certificates is not None
+                else "insecure = true\n")
     (flwr_home / "config.toml").write_text(
         f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-        f'[superlink.{CONNECTION}]\naddress = "{address}"\ninsecure = true\n'
+        f'[superlink.{CONNECTION}]\naddress = "{address}"\n{security}'
     )
 
 
 def run_app(deployment: Deployment, app: Path, flwr_args: Sequence[str]) -> tuple[int, str | None]:
     """`flwr run <app> ovalp-deploy --stream ...`; (exit code, the run's closing line)."""
-    command = [_bin("flwr"), "run", str(app), CONNECTION, "--stream", *flwr_args]
-    run = subprocess.Popen(command, cwd=app, env=flower_env(deployment.flwr_home),
-                           start_new_session=True, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    final_line = None
-    try:
-        assert run.stdout is not None
-        for line in run.stdout:
-            sys.stdout.write(line)
-            if FINAL_LINE in line:
-                final_line = line.split(FINAL_LINE, 1)[1].strip()
-        code = run.wait()
-    finally:
-        stop_group(run)
-    return code, final_line
+    return stream_flwr_run(app, CONNECTION, deployment.flwr_home, list(flwr_args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,22 +178,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="per-node folder, '{i}' = partition id (holds data/ and cache/)")
     parser.add_argument("--app", type=Path, default=PROJECT)
     parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr-deploy")
-    parser.add_argument("flwr_args", nargs=argparse.REMAINDER,
-                        help="passed to `flwr run` after `--` (e.g. --run-config ...)")
-    args = parser.parse_args(argv)
-    flwr_args = args.flwr_args[1:] if args.flwr_args[:1] == ["--"] else args.flwr_args
-    if args.num_supernodes < 1:
-        parser.error(f"--num-supernodes={args.num_supernodes} is not allowed; use 1 or more")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    parser.add_argument("--tls", action="store_true",
+                        help="TLS + SuperNode authentication (throwaway certs in <flwr-home>/certs)")
+    args, flwr_args = flwr_args_after_dashes(parser, list(argv) if argv is not None else None)
     started = time.monotonic()
     with local_deployment(args.num_supernodes, args.flwr_home.resolve(), args.node_dir,
-                          args.app.resolve()) as deployment:
+                          args.app.resolve(), secure=args.tls) as deployment:
         code, final_line = run_app(deployment, args.app.resolve(), flwr_args)
-    seconds = time.monotonic() - started
-    print(f"{FINAL_LINE}{final_line}" if final_line
-          else f"run ended (exit {code}) without a result line")
-    print(f"deployment of {args.num_supernodes} SuperNodes: {seconds:.0f} s in all")
-    return code if final_line else (code or 1)
+    print(f"deployment of {args.num_supernodes} SuperNodes{' (TLS + node auth)' if args.tls else ''}: "
+          f"{time.monotonic() - started:.0f} s")
+    return report_result(code, final_line)
 
 
 if __name__ == "__main__":

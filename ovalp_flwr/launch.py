@@ -163,22 +163,51 @@ def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Pa
         num_gpus = 0.25 if _has_cuda() else 0.0
     with simulation_superlink(flwr_home, cwd=app) as (_, address):
         write_flower_config(flwr_home, address)
-        command = [_bin("flwr"), "run", str(app), CONNECTION, "--stream",
-                   "--federation-config", federation_config(num_supernodes, num_gpus), *flwr_args]
-        run = subprocess.Popen(command, cwd=app, env=flower_env(flwr_home), start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        final_line = None
-        try:
-            for line in run.stdout:  # stream the run's log, remember its closing line
-                sys.stdout.write(line)
-                if FINAL_LINE in line:
-                    final_line = line.split(FINAL_LINE, 1)[1].strip()
-            code = run.wait()
-        finally:
-            stop_group(run)
+        code, final_line = stream_flwr_run(
+            app, CONNECTION, flwr_home,
+            ["--federation-config", federation_config(num_supernodes, num_gpus), *flwr_args])
     # Ray and Flower log a few lines after the ServerApp ends: repeat the result last.
+    return report_result(code, final_line)
+
+
+def stream_flwr_run(app: Path, connection: str, flwr_home: Path,
+                    flwr_args: list[str]) -> tuple[int, str | None]:
+    """`flwr run <app> <connection> --stream ...`, its log echoed; (exit code, closing line)."""
+    command = [_bin("flwr"), "run", str(app), connection, "--stream", *flwr_args]
+    run = subprocess.Popen(command, cwd=app, env=flower_env(flwr_home), start_new_session=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    final_line = None
+    try:
+        assert run.stdout is not None
+        for line in run.stdout:  # stream the run's log, remember its closing line
+            sys.stdout.write(line)
+            if FINAL_LINE in line:
+                final_line = line.split(FINAL_LINE, 1)[1].strip()
+        code = run.wait()
+    finally:
+        stop_group(run)
+    return code, final_line
+
+
+def report_result(code: int, final_line: str | None) -> int:
+    """Print the run's result last; a run without one failed (`flwr run --stream` exits 0
+    even when the ServerApp fails)."""
     print(f"{FINAL_LINE}{final_line}" if final_line else f"run ended (exit {code}) without a result line")
     return code if final_line else (code or 1)
+
+
+def flwr_args_after_dashes(parser: argparse.ArgumentParser, argv: list[str] | None
+                           ) -> tuple[argparse.Namespace, list[str]]:
+    """Parse our options; everything after `--` goes to `flwr run` untouched."""
+    parser.add_argument("flwr_args", nargs=argparse.REMAINDER,
+                        help="passed to `flwr run` after `--` (e.g. --run-config ...)")
+    args = parser.parse_args(argv)
+    flwr_args = args.flwr_args[1:] if args.flwr_args[:1] == ["--"] else args.flwr_args
+    if args.num_supernodes < 1:
+        parser.error(f"--num-supernodes={args.num_supernodes} is not allowed; use 1 or more")
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so everything started is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    return args, flwr_args
 
 
 def _has_cuda() -> bool:
@@ -194,14 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="GPU share per virtual client (default 0.25 with CUDA, else 0)")
     parser.add_argument("--app", type=Path, default=PROJECT)
     parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr")
-    parser.add_argument("flwr_args", nargs=argparse.REMAINDER,
-                        help="passed to `flwr run` after `--` (e.g. --run-config ...)")
-    args = parser.parse_args(argv)
-    flwr_args = args.flwr_args[1:] if args.flwr_args[:1] == ["--"] else args.flwr_args
-    if args.num_supernodes < 1:
-        parser.error(f"--num-supernodes={args.num_supernodes} is not allowed; use 1 or more")
-    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the SuperLink is stopped too
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    args, flwr_args = flwr_args_after_dashes(parser, argv)
     return simulate(args.app.resolve(), args.num_supernodes, flwr_args, args.flwr_home.resolve(),
                     args.num_gpus)
 
