@@ -66,3 +66,37 @@ def test_superlink_and_serverapp_runtime_meet_on_one_port():
     server = services["serverapp"]["command"]
     assert server[server.index("--runtime-api-address") + 1] == f"superlink:{port}"
     assert "--isolation" in link and link[link.index("--isolation") + 1] == "process"
+
+
+def merged_tls() -> dict:
+    """compose.yml with compose.tls.yml on top, as `docker compose -f a -f b` merges them:
+    an override's `command` replaces the base one; volumes add up."""
+    base, tls = compose(), yaml.safe_load((DOCKER / "compose.tls.yml").read_text())
+    services = {name: dict(service) for name, service in base["services"].items()}
+    for name, override in tls["services"].items():
+        assert name in services, f"compose.tls.yml overrides unknown service {name}"
+        volumes = sorted(set(services[name].get("volumes", [])) | set(override.get("volumes", [])))
+        services[name] = {**services[name], **override, "volumes": volumes}
+    return services
+
+
+def test_the_tls_overlay_uses_real_flags_and_the_files_certs_py_writes(tmp_path):
+    from ovalp_flwr.certs import make_all
+
+    make_all(tmp_path, nodes=3)
+    written = {f.name for f in tmp_path.iterdir()}
+    services = merged_tls()
+    for name, service in services.items():
+        command = service["command"]
+        unknown = {a for a in command if a.startswith("--")} - flags_of(binary(service))
+        assert not unknown, f"{name}: {binary(service)} has no {sorted(unknown)}"
+        for path in (a for a in command if a.startswith("/certs/")):
+            assert path.removeprefix("/certs/") in written, f"{name}: certs.py writes no {path}"
+            assert any(v.endswith(":/certs:ro") for v in service["volumes"]), name
+        if name == "superlink" or name.startswith("supernode-"):
+            assert "--insecure" not in command, f"{name} still runs insecure under TLS"
+    assert "--enable-supernode-auth" in services["superlink"]["command"]
+    for i in range(3):  # each node signs with its own key, keeps its own partition
+        command = services[f"supernode-{i}"]["command"]
+        assert command[command.index("--auth-supernode-private-key") + 1] == f"/certs/supernode-{i}"
+        assert f"partition-id={i} " in command[command.index("--node-config") + 1]
