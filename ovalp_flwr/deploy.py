@@ -62,12 +62,17 @@ class Deployment:
         return [self.superlink, *self.supernodes]
 
 
-def node_config(partition_id: int, num_partitions: int, node_dir: str | None) -> str:
-    """`--node-config` of one SuperNode; with a node dir, its own data and cache dirs."""
+def node_config(partition_id: int, num_partitions: int, node_dir: str | None,
+                default_cache: Path | None = None) -> str:
+    """`--node-config` of one SuperNode. With a node dir: its own data and cache dirs. Without:
+    the run's data files, but still its own cache dir (`default_cache`), so that no two
+    SuperNodes share a cache and each keeps its rows file (see client_data)."""
     config = f"partition-id={partition_id} num-partitions={num_partitions}"
     if node_dir:
         root = Path(node_dir.format(i=partition_id)).resolve()
         config += f" data-dir='{root / 'data'}' feature-cache-dir='{root / 'cache'}'"
+    elif default_cache is not None:
+        config += f" feature-cache-dir='{default_cache}'"
     return config
 
 
@@ -112,7 +117,8 @@ def start_supernode(deployment: Deployment, partition_id: int, num_partitions: i
         security = ["--insecure"]
     command = [_bin("flower-supernode"), *security, "--superlink", deployment.address,
                "--port", str(free_port()),
-               "--node-config", node_config(partition_id, num_partitions, node_dir)]
+               "--node-config", node_config(partition_id, num_partitions, node_dir,
+                                            deployment.flwr_home / "nodes" / str(partition_id) / "cache")]
     log = deployment.flwr_home / "deploy" / (log_name or f"supernode-{partition_id}.log")
     process = _start(command, log, deployment.flwr_home, cwd)
     deployment.supernodes.append(process)
