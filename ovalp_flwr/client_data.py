@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
@@ -199,10 +199,11 @@ def _read_rows(path: Path, request: dict, space: str) -> NodeRows:
 
     try:
         blob = path.read_bytes()
-        with safe_open(str(path), framework="numpy") as handle:
-            metadata = handle.metadata() or {}
         tensors = st_load(blob)
         features, labels = tensors["features"], tensors["labels"]
+        # safetensors: 8-byte little-endian header length, then the JSON header
+        header = json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")])
+        metadata = header.get("__metadata__") or {}
     except (OSError, KeyError, ValueError, SafetensorError) as err:
         raise stale(f"unreadable ({err})") from None
     if metadata.get("request") != json.dumps(request, sort_keys=True):

@@ -6,7 +6,9 @@
 
 Each SuperNode gets `--node-config "partition-id=i num-partitions=N"`; with `--node-dir`
 (`{i}` is the partition id) also `data-dir='<dir>/data' feature-cache-dir='<dir>/cache'`, so
-every node owns its data and builds and keeps its own cache there (`client_data`). Every
+every node owns its data and builds and keeps its own cache there (`client_data`); without
+it, nodes read the run's data files but each keeps its own cache under
+`<flwr-home>/nodes/<i>/cache`, so no two SuperNodes share a cache. Every
 process is started in its own session and stopped by PID, with all it started, on exit,
 error, Ctrl-C or SIGTERM. Logs go to `<flwr-home>/deploy/`.
 
@@ -39,6 +41,7 @@ from ovalp_flwr.launch import (
     report_result,
     stop_group,
     stream_flwr_run,
+    write_connection,
 )
 
 CONNECTION = "ovalp-deploy"
@@ -151,7 +154,7 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
     try:
         _wait_for_port(port, superlink, log)
         # the connection first: `flwr supernode register` (secure) goes through it
-        write_connection(flwr_home, deployment.address,
+        write_connection(flwr_home, CONNECTION, deployment.address,
                          certs / "ca.crt" if certs is not None else None)
         for i in range(num_supernodes):
             start_supernode(deployment, i, num_supernodes, node_dir, cwd)
@@ -159,17 +162,6 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
     finally:
         for process in reversed(deployment.processes()):
             stop_group(process)
-
-
-def write_connection(flwr_home: Path, address: str, root_certificates: Path | None = None) -> None:
-    """`ovalp-deploy`, the default connection of this Flower home, pointing at our SuperLink
-    (TLS trusting `root_certificates` when given, else insecure)."""
-    security = (f'root-certificates = "{root_certificates}"\n' if root_certificates is not None
-                else "insecure = true\n")
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-        f'[superlink.{CONNECTION}]\naddress = "{address}"\n{security}'
-    )
 
 
 def run_app(deployment: Deployment, app: Path, flwr_args: Sequence[str]) -> tuple[int, str | None]:

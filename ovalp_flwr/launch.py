@@ -139,11 +139,14 @@ def simulation_superlink(flwr_home: Path, cwd: Path = PROJECT) -> Iterator[tuple
         stop_group(process)
 
 
-def write_flower_config(flwr_home: Path, address: str) -> None:
-    """Point the `ovalp-local` connection (the default) at our SuperLink."""
+def write_connection(flwr_home: Path, name: str, address: str,
+                     root_certificates: Path | None = None) -> None:
+    """Make `name` the default connection of this Flower home, pointing at our SuperLink
+    (TLS trusting `root_certificates` when given, else insecure)."""
+    security = (f'root-certificates = "{root_certificates}"\n' if root_certificates is not None
+                else "insecure = true\n")
     (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-        f'[superlink.{CONNECTION}]\naddress = "{address}"\ninsecure = true\n'
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{security}'
     )
 
 
@@ -162,7 +165,7 @@ def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Pa
     if num_gpus is None:
         num_gpus = 0.25 if _has_cuda() else 0.0
     with simulation_superlink(flwr_home, cwd=app) as (_, address):
-        write_flower_config(flwr_home, address)
+        write_connection(flwr_home, CONNECTION, address)
         code, final_line = stream_flwr_run(
             app, CONNECTION, flwr_home,
             ["--federation-config", federation_config(num_supernodes, num_gpus), *flwr_args])

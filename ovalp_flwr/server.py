@@ -210,7 +210,7 @@ def label_noise_summary(config: RunConfig, clients: dict[int, dict]) -> dict:
 
 def _check_partition_ids(clients: dict[int, dict]) -> None:
     """One num-partitions N for all, distinct ids in 0..N-1. N may exceed the nodes present:
-    the missing partitions' nodes can join later (`admit_late`)."""
+    the missing partitions' nodes can join later (`late_admitter`)."""
     counts = {int(c[p.NUM_PARTITIONS]) for c in clients.values()}
     ids = sorted(int(c[p.PARTITION_ID]) for c in clients.values())
     n = max(counts)
@@ -260,7 +260,12 @@ def late_admitter(cache: CachedFeatures, stats: NormStats | None,
             clients[node], holders[pid] = info, node
             admitted.append(node)
         if stats is not None and admitted:
-            broadcast_stats(grid, stats, admitted)
+            try:
+                broadcast_stats(grid, stats, admitted)
+            except FederationError as err:  # they would fail every train message: leave them out
+                log(WARNING, "late nodes %s not admitted: %s", admitted, err)
+                for node in admitted:
+                    clients.pop(node)
         return by_partition(clients)
 
     return admit

@@ -6,7 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 
 import client_app
 import server_app
@@ -135,6 +135,13 @@ class LateJoinGrid(InProcessGrid):
         super().__init__(*args, **kwargs)
         self.offline = set(late)
         self.late = set(late)
+        self.refuse_norm = False  # late nodes fail the statistics message
+
+    def _deliver(self, message):
+        if (self.refuse_norm and message.metadata.dst_node_id in self.late
+                and message.metadata.message_type == p.SET_NORM):
+            return Message(error=Error(code=0, reason="disk full"), reply_to=message)
+        return super()._deliver(message)
 
     def push_messages(self, messages):
         messages = list(messages)
@@ -144,7 +151,8 @@ class LateJoinGrid(InProcessGrid):
         return ids
 
 
-def late_run(cache_dir, tmp_path, late_partition: int, duplicate: bool = False):
+def late_run(cache_dir, tmp_path, late_partition: int, duplicate: bool = False,
+             refuse_norm: bool = False):
     from ovalp_flwr.config import RunConfig
     from ovalp_flwr.server import run_server
 
@@ -156,7 +164,7 @@ def late_run(cache_dir, tmp_path, late_partition: int, duplicate: bool = False):
     late = by_pid[late_partition]
     if duplicate:  # the late node claims a partition a live node holds
         grid.contexts[late].node_config["partition-id"] = 0
-    grid.offline, grid.late = {late}, {late}
+    grid.offline, grid.late, grid.refuse_norm = {late}, {late}, refuse_norm
     return read_summary(run_server(grid, RunConfig.from_mapping(run_config)))
 
 
@@ -171,3 +179,11 @@ def test_a_late_node_claiming_a_held_partition_is_refused(cache_dir, tmp_path, c
     summary = late_run(cache_dir, tmp_path, late_partition=3, duplicate=True)
     assert [r["clients_sampled"] for r in summary["rounds"]] == [3, 3, 3]
     assert any("partition-id 0 is held by live node" in r.getMessage() for r in caplog.records)
+
+
+def test_a_late_node_that_misses_the_statistics_is_left_out(cache_dir, tmp_path, caplog):
+    summary = late_run(cache_dir, tmp_path, late_partition=3, refuse_norm=True)
+    assert [(r["clients_sampled"], r["clients_failed"]) for r in summary["rounds"]] == [
+        (3, 0), (3, 0), (3, 0)]
+    assert any("not admitted" in r.getMessage() and "disk full" in r.getMessage()
+               for r in caplog.records)
