@@ -66,21 +66,28 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(round_config["server-round"])
     partition_id, _ = node_partition(context)
     features, labels = _device_rows(config, context, str(round_config.get(p.NORM_DIGEST, "")))
+    correction = msg.content.array_records.get(p.CORRECTION)
     result = train_local(
         p.from_record(msg.content[p.ARRAYS]), features, labels,
         head_type=config.head,
         stage=int(round_config[p.STAGE]),
-        schedule=LocalSchedule(config.local_epochs, config.batch_size, config.learning_rate,
-                               config.weight_decay),
+        schedule=local_schedule(config),
         generator=shuffle_generator(config.seed, server_round, partition_id),
+        gradient_offset=None if correction is None else p.from_record(correction),
     )
     metrics = MetricRecord({
         p.NUM_EXAMPLES: result.num_examples,
         p.TRAIN_LOSS: 0.0 if result.num_examples == 0 else result.mean_loss,
         p.TRAIN_SECONDS: result.seconds,
+        p.LOCAL_STEPS: result.steps,
     })
     content = RecordDict({p.ARRAYS: p.to_record(result.arrays), p.METRICS: metrics})
     return Message(content=content, reply_to=msg)
+
+
+def local_schedule(config: RunConfig) -> LocalSchedule:
+    return LocalSchedule(config.local_epochs, config.batch_size, config.learning_rate,
+                         config.weight_decay, config.local_optimizer, config.local_steps)
 
 
 def evaluate(msg: Message, context: Context) -> Message:

@@ -17,6 +17,10 @@ SCHEDULES = ("two-stage", "single-stage")
 PARTITIONS = ("iid", "shard", "bernoulli-dirichlet", "zipf", "feature-skew")
 FEATURE_NORMS = ("none", "l2", "standardize", "center-l2")
 DEVICES = ("auto", "cpu", "cuda")
+LOCAL_OPTIMIZERS = ("adamw", "sgd")
+AGGREGATION_WEIGHTS = ("samples", "uniform")
+DRIFT_CORRECTIONS = ("none", "scaffold")
+SERVER_OPTIMIZERS = ("fedavg", "fedadam")
 
 
 class ConfigError(ValueError):
@@ -50,6 +54,13 @@ class RunConfig:
     batch_size: int = 50
     learning_rate: float = 0.01
     weight_decay: float = 1e-4
+    # variants for quantity-skewed label partitions (README, "Quantity skew"); defaults = recipe
+    local_optimizer: str = "adamw"
+    local_steps: int = 0  # > 0: exactly this many local steps per round instead of epochs
+    aggregation_weights: str = "samples"
+    drift_correction: str = "none"
+    server_optimizer: str = "fedavg"
+    server_learning_rate: float = 0.1  # FedAdam's eta (Flower's default)
     fraction_train: float = 1.0
     fraction_evaluate: float = 0.0
     seed: int = 0
@@ -91,6 +102,14 @@ class RunConfig:
         _one_of("feature-norm", self.feature_norm, FEATURE_NORMS)
         _one_of("device", self.device, DEVICES)
         _one_of("label-noise", self.label_noise, NOISE_KINDS)
+        _one_of("local-optimizer", self.local_optimizer, LOCAL_OPTIMIZERS)
+        _one_of("aggregation-weights", self.aggregation_weights, AGGREGATION_WEIGHTS)
+        _one_of("drift-correction", self.drift_correction, DRIFT_CORRECTIONS)
+        _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
+        if self.drift_correction == "scaffold" and self.local_optimizer != "sgd":
+            raise ConfigError("drift-correction", self.drift_correction,
+                              "scaffold's control variates assume local SGD steps; "
+                              "set local-optimizer=\"sgd\" or drift-correction=\"none\"")
         if not 0 <= self.noise_rate < 1:
             raise ConfigError("noise-rate", self.noise_rate, "use a fraction in [0, 1)")
         _at_least("stage1-rounds", self.stage1_rounds, 0)
@@ -98,6 +117,8 @@ class RunConfig:
         _at_least("num-server-rounds", self.num_server_rounds, 1)
         _at_least("local-epochs", self.local_epochs, 1)
         _at_least("batch-size", self.batch_size, 1)
+        _at_least("local-steps", self.local_steps, 0)
+        _positive("server-learning-rate", self.server_learning_rate)
         _at_least("seed", self.seed, 0)
         _positive("learning-rate", self.learning_rate)
         _positive("dirichlet-alpha", self.dirichlet_alpha)

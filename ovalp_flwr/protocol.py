@@ -19,6 +19,7 @@ CONFIG = "config"
 METRICS = "metrics"
 MOMENTS = "moments"
 NORM = "norm"
+CORRECTION = "correction"  # SCAFFOLD's c - c_i for this client, added to its local gradients
 
 NUM_EXAMPLES = "num-examples"
 NOISY_EXAMPLES = "noisy-examples"  # labels the run's label noise changed
@@ -26,6 +27,7 @@ PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 TRAIN_LOSS = "train-loss"
 TRAIN_SECONDS = "train-seconds"
+LOCAL_STEPS = "local-steps"  # optimiser steps the client took (SCAFFOLD's variate needs it)
 ACCURACY = "accuracy"
 STAGE = "stage"
 NORM_DIGEST = "norm-digest"

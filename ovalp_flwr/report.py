@@ -31,7 +31,7 @@ from ovalp_flwr.durable import write_durably
 from ovalp_flwr.metrics import acc_at, accuracy_curve, cost_to_round, relative_curve
 from ovalp_flwr.results import read_summary
 from ovalp_flwr.sweep import (REFERENCE_AXIS, REFERENCE_CHOICE, Preset, PresetError, RunSpec,
-                              load_preset)
+                              config_mismatch, load_preset, select)
 
 METHOD_AXIS, NOISE_AXIS, CLEAN_CHOICE = "method", "noise", "none"
 NO_STD = "—"
@@ -126,10 +126,9 @@ def read_run(run_dir: Path, spec: RunSpec) -> RunResult | str:
         summary = read_summary(run_dir)
     except ValueError as err:
         return f"unreadable ({err})"
-    ran = summary["config"]
-    for key, wanted in spec.run_config.items():
-        if ran.get(key) != wanted:
-            return f"ran with {key}={ran.get(key)!r}, preset asks {wanted!r}"
+    mismatch = config_mismatch(spec, summary["config"])
+    if mismatch:
+        return mismatch
     curve = accuracy_curve(summary)
     if not curve:
         return "summary has no rounds"
@@ -629,12 +628,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=Path, default=Path("results"))
     parser.add_argument("--out", type=Path, default=Path("reports"))
     parser.add_argument("--seeds", type=int, nargs="+", help="default: the preset's")
+    parser.add_argument("--only", action="append", default=[],
+                        help="axis=choice[,choice] (repeatable): report the subset a sweep ran "
+                             "with the same --only; the other choices are left out, not missing")
     args = parser.parse_args(args_list)
     command = shlex.join(["python", "-m", "ovalp_flwr.report", *args_list])
     try:
         preset = load_preset(args.preset)
-        specs = preset.runs(args.seeds)
-        path = write_report(preset, specs, args.results_dir, args.out, command)
+        specs = select(preset.runs(args.seeds), args.only)
+        if not specs:
+            raise ReportError(f"--only {' '.join(args.only)} leaves no run of {preset.name}")
+        path = write_report(preset.restricted_to(specs), specs, args.results_dir, args.out, command)
     except (PresetError, ReportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ from ovalp_flwr.heads import accuracy, build_head, head_from_numpy, head_to_nump
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize
 from ovalp_flwr.partition import PartitionSummary, summarize_partition, summarize_sizes
 from ovalp_flwr.results import default_run_name, write_run
-from ovalp_flwr.strategy import StagedFedAvg
+from ovalp_flwr.strategy import ControlVariates, Staged, StagedFedAdam, StagedFedAvg
 
 
 def run_server(grid: Grid, config: RunConfig) -> Path:
@@ -52,13 +52,10 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
 
     # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
     digest_config = {p.NORM_DIGEST: stats.digest()} if stats else {}
-    strategy = StagedFedAvg(
-        stage_for_round=config.stage_for_round,
-        seed=config.seed,
+    strategy = make_strategy(
+        config,
         node_order=by_partition(clients),
         admit=late_admitter(cache, stats, clients),
-        fraction_train=config.fraction_train,
-        fraction_evaluate=config.fraction_evaluate,
         extra_train_config=digest_config,
     )
     evaluator = CentralEvaluator(cache, config, stats)
@@ -102,7 +99,24 @@ class CentralEvaluator:
         return MetricRecord({p.ACCURACY: acc})
 
 
-def _summary(config: RunConfig, result: Result, strategy: StagedFedAvg,
+def make_strategy(config: RunConfig, **wiring) -> Staged:
+    """The run's strategy: FedAvg or FedAdam, with its staging and quantity-skew options."""
+    options = dict(
+        stage_for_round=config.stage_for_round,
+        seed=config.seed,
+        fraction_train=config.fraction_train,
+        fraction_evaluate=config.fraction_evaluate,
+        aggregation_weights=config.aggregation_weights,
+        control_variates=(ControlVariates(config.learning_rate)
+                          if config.drift_correction == "scaffold" else None),
+        **wiring,
+    )
+    if config.server_optimizer == "fedadam":
+        return StagedFedAdam(eta=config.server_learning_rate, eta_l=config.learning_rate, **options)
+    return StagedFedAvg(**options)
+
+
+def _summary(config: RunConfig, result: Result, strategy: Staged,
              evaluator: CentralEvaluator, partition: PartitionSummary, cache: CachedFeatures,
              stats: NormStats | None) -> dict:
     """What `summary.json` holds (README, "Results")."""

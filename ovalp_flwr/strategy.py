@@ -6,6 +6,12 @@ seeded by (run seed, round) over the clients ordered by partition id, so a seed 
 who trains when. Replies with zero examples (empty clients) carry no information and
 are kept out of the average — weighting by sample counts would give them zero weight
 anyway, but a round of only empty clients would otherwise divide by zero.
+
+The staging lives in a mixin, `Staged`, so it runs on top of Flower's own FedAvg or
+FedAdam (`StagedFedAvg`, `StagedFedAdam`). Two variants for label skew combined with
+quantity skew (README, "Quantity skew") are options of the mixin: uniform instead of
+sample-weighted averaging, and SCAFFOLD's drift correction with the control variates
+kept on the server (`ControlVariates`).
 """
 
 from __future__ import annotations
@@ -17,11 +23,12 @@ from logging import INFO
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAdam, FedAvg
+from flwr.serverapp.strategy.fedopt import FedOpt
 from flwr.supercore import log
 
-from ovalp_flwr.protocol import NUM_EXAMPLES, STAGE, TRAIN_LOSS, TRAIN_SECONDS
-
+from ovalp_flwr.protocol import (ARRAYS, CORRECTION, LOCAL_STEPS, METRICS, NUM_EXAMPLES, STAGE,
+                                 TRAIN_LOSS, TRAIN_SECONDS, from_record, to_record)
 
 
 def message_bytes(content: RecordDict) -> int:
@@ -31,8 +38,59 @@ def message_bytes(content: RecordDict) -> int:
     return sum(record.count_bytes() for record in records)
 
 
-class StagedFedAvg(FedAvg):
-    """Flower's FedAvg plus the stage schedule, seeded sampling and per-round costs."""
+class ControlVariates:
+    """SCAFFOLD's control variates (Karimireddy et al., 2020, option II), kept on the server.
+
+    Each client trains on g_i(y) + (c - c_i), where c_i estimates its own gradient and c
+    the federation's, so a client that holds few classes no longer pulls every other
+    head towards "absent". The server sends c - c_i with the round's weights and, from
+    the reply, sets c_i = (x - y_i) / (K_i * lr) - (c - c_i): the client's mean gradient
+    along its K_i SGD steps. Clients keep no state, so a restarted node loses nothing,
+    and the upload is the plain FedAvg reply; the download doubles. What the server
+    learns is each client's mean local gradient, which FedAvg's update already carries
+    (x - y_i) divided by a known constant. Variates are gradients of one stage's loss,
+    so a change of stage starts them afresh.
+    """
+
+    def __init__(self, learning_rate: float) -> None:
+        self.learning_rate = learning_rate
+        self.stage: int | None = None
+        self.clients: dict[int, tuple[float, dict[str, np.ndarray]]] = {}  # node -> (weight, c_i)
+        self.sent: dict[int, dict[str, np.ndarray]] = {}  # node -> c - c_i sent this round
+
+    def corrections(self, stage: int, node_ids: list[int]) -> dict[int, dict[str, np.ndarray]]:
+        """c - c_i for each node; empty until some client has reported in this stage."""
+        if stage != self.stage:
+            self.stage, self.clients = stage, {}
+        self.sent = {}
+        if not self.clients:
+            return {}
+        total = sum(weight for weight, _ in self.clients.values())
+        keys = next(iter(self.clients.values()))[1].keys()
+        shared = {key: sum(weight * variate[key] for weight, variate in self.clients.values()) / total
+                  for key in keys}
+        for node in node_ids:
+            own = self.clients.get(node, (0.0, None))[1]  # never reported: c_i = 0
+            self.sent[node] = shared if own is None else {k: shared[k] - own[k] for k in keys}
+        return self.sent
+
+    def update(self, global_arrays: dict[str, np.ndarray], replies: list[Message],
+               weight_of: Callable[[Message], float]) -> None:
+        """Each trained client's new c_i from its reply."""
+        for message in replies:
+            node = message.metadata.src_node_id
+            local = from_record(message.content[ARRAYS])
+            steps = _metric(message, LOCAL_STEPS)
+            sent = self.sent.get(node)
+            variate = {}
+            for key, start in global_arrays.items():
+                mean_step = (start - local[key]) / (steps * self.learning_rate)
+                variate[key] = mean_step if sent is None else mean_step - sent[key]
+            self.clients[node] = (weight_of(message), variate)
+
+
+class Staged:
+    """The OvA-LP schedule, seeded sampling and per-round costs, on top of a Flower strategy."""
 
     def __init__(
         self,
@@ -44,10 +102,18 @@ class StagedFedAvg(FedAvg):
         fraction_evaluate: float = 0.0,
         extra_train_config: dict | None = None,
         admit: Callable[[Grid, list[int]], list[int]] | None = None,
+        aggregation_weights: str = "samples",
+        control_variates: ControlVariates | None = None,
+        **strategy_options,
     ) -> None:
         """admit(grid, new_node_ids) -> node ids in sampling order: how nodes that connect
         after the run started join it (the ServerApp describes, checks and briefs them);
-        without it, the nodes at the start are the federation for the whole run."""
+        without it, the nodes at the start are the federation for the whole run.
+        aggregation_weights: "samples" (FedAvg) or "uniform" (every client with data counts
+        once). strategy_options go to the Flower strategy (e.g. FedAdam's eta)."""
+        if aggregation_weights not in ("samples", "uniform"):
+            raise ValueError(f"aggregation-weights={aggregation_weights!r} is not allowed; "
+                             "choose samples or uniform")
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
@@ -55,12 +121,16 @@ class StagedFedAvg(FedAvg):
             min_evaluate_nodes=1 if fraction_evaluate > 0 else 0,
             min_available_nodes=1,
             weighted_by_key=NUM_EXAMPLES,
+            **strategy_options,
         )
         self.stage_for_round = stage_for_round
         self.seed = seed
         self.node_order = node_order
         self.admit = admit
+        self.aggregation_weights = aggregation_weights
+        self.variates = control_variates
         self._seen = set(node_order or [])  # nodes admitted or refused so far
+        self._global: dict[str, np.ndarray] = {}  # the arrays sent this round
         self.extra_train_config = dict(extra_train_config or {})
         self.rounds: dict[int, dict] = {}  # per-round costs, read by the ServerApp
 
@@ -80,19 +150,34 @@ class StagedFedAvg(FedAvg):
         """Send the global head with this round's stage to a seeded sample of clients."""
         self._admit_late_nodes(grid, server_round)
         node_ids = self.sample(grid, server_round, self.fraction_train, purpose=0)
+        self._global = {key: array.numpy() for key, array in arrays.items()}
+        if isinstance(self, FedOpt):
+            self.current_arrays = self._global  # what FedOpt.configure_train would have set
         round_config = ConfigRecord(dict(config))  # a copy: the same object comes every round
         round_config.update(self.extra_train_config)
         round_config["server-round"] = server_round
         round_config[STAGE] = self.stage_for_round(server_round)
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: round_config})
+        corrections = ({} if self.variates is None
+                       else self.variates.corrections(round_config[STAGE], node_ids))
+        messages = [self._train_message(content, node, corrections.get(node)) for node in node_ids]
         self.rounds[server_round] = {
             "stage": round_config[STAGE],
             "clients_sampled": len(node_ids),
-            "bytes_sent_per_client": message_bytes(content),
+            "bytes_sent_per_client": float(np.mean([message_bytes(m.content) for m in messages]))
+            if messages else message_bytes(content),
+            "drift_correction": bool(corrections),
         }
-        log(INFO, "configure_train: round %s, stage %s, %s clients", server_round,
-            round_config[STAGE], len(node_ids))
-        return self._construct_messages(content, node_ids, MessageType.TRAIN)
+        log(INFO, "configure_train: round %s, stage %s, %s clients%s", server_round,
+            round_config[STAGE], len(node_ids), ", SCAFFOLD-corrected" if corrections else "")
+        return messages
+
+    def _train_message(self, content: RecordDict, node_id: int,
+                       correction: dict[str, np.ndarray] | None) -> Message:
+        """The round's train message for one node, with its SCAFFOLD correction if any."""
+        if correction is not None:
+            content = RecordDict({**content, CORRECTION: to_record(correction)})
+        return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id)
 
     def _admit_late_nodes(self, grid: Grid, server_round: int) -> None:
         """Nodes that connected since the last round join from this one, if `admit` takes them."""
@@ -121,16 +206,28 @@ class StagedFedAvg(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Sample-weighted FedAvg over the clients that trained on data."""
+        """FedAvg (or the base strategy's step) over the clients that trained on data."""
         replies = list(replies)
         ok = [m for m in replies if not m.has_error()]
         trained = _with_data(ok)
         start = time.perf_counter()
-        arrays, metrics = super().aggregate_train(server_round, trained) if trained else (None, None)
+        weighted = [self._reweighted(m) for m in trained]
+        arrays, metrics = super().aggregate_train(server_round, weighted) if trained else (None, None)
+        if self.variates is not None and trained:
+            self.variates.update(self._global, trained, lambda m: _metric(self._reweighted(m), NUM_EXAMPLES))
         record = self.rounds.setdefault(server_round, {})
         record.update(_reply_costs(ok, trained, len(replies) - len(ok)))
         record["server_aggregate_seconds"] = time.perf_counter() - start
         return arrays, metrics
+
+    def _reweighted(self, message: Message) -> Message:
+        """The reply as the average should weigh it: as is, or counting once (uniform)."""
+        if self.aggregation_weights == "samples":
+            return message
+        metrics = MetricRecord({**_metrics(message), NUM_EXAMPLES: 1})
+        content = RecordDict({**message.content.array_records, METRICS: metrics})
+        return Message(content=content, message_type=message.metadata.message_type,
+                       dst_node_id=message.metadata.src_node_id)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Sample-weighted local accuracy over clients that have data."""
@@ -138,9 +235,13 @@ class StagedFedAvg(FedAvg):
         return super().aggregate_evaluate(server_round, with_data) if with_data else None
 
 
+def _metrics(message: Message) -> MetricRecord:
+    """The reply's one MetricRecord."""
+    return next(iter(message.content.metric_records.values()))
+
+
 def _metric(message: Message, key: str) -> float:
-    metrics = next(iter(message.content.metric_records.values()))
-    return float(metrics[key])
+    return float(_metrics(message)[key])
 
 
 def _reply_costs(ok: list[Message], trained: list[Message], failures: int) -> dict:
@@ -163,3 +264,25 @@ def _reply_costs(ok: list[Message], trained: list[Message], failures: int) -> di
 def _with_data(replies: Iterable[Message]) -> list[Message]:
     """Replies that carry no error and at least one example."""
     return [m for m in replies if not m.has_error() and _metric(m, NUM_EXAMPLES) > 0]
+
+
+class StagedFedAvg(Staged, FedAvg):
+    """The recipe: Flower's FedAvg with the stage schedule."""
+
+
+class StagedFedAdam(Staged, FedAdam):
+    """Flower's FedAdam (Reddi et al., 2021) on the averaged update, with the stage schedule."""
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """FedAdam's step, kept in the head's dtype.
+
+        Flower's FedAdam scales by a NumPy float64, which under NumPy 2 promotes float32
+        weights to float64 and would double every later message.
+        """
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is not None:
+            arrays = to_record({key: value.numpy().astype(self._global[key].dtype, copy=False)
+                                for key, value in arrays.items()})
+        return arrays, metrics

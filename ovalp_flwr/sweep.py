@@ -31,6 +31,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ PAPER_SEEDS = (0, 42, 777, 1337, 15254)
 REFERENCE_AXIS, REFERENCE_CHOICE = "partition", "iid"
 PRESET_KEYS = {"description", "num-supernodes", "seeds"}
 RUN_KEYS_SET_BY_SWEEP = {"seed", "run-name", "results-dir"}
+NOT_PART_OF_THE_RESULT = {"run-name", "results-dir", "feature-cache-dir", "data-dir", "device"}
 
 
 class PresetError(ValueError):
@@ -95,6 +97,13 @@ class Preset:
 
     def results_dir(self, root: Path) -> Path:
         return root / self.name
+
+    def restricted_to(self, specs: Sequence[RunSpec]) -> "Preset":
+        """The preset with only the axis choices these runs use (a report of an `--only` subset)."""
+        used = {axis: {spec.choice(axis) for spec in specs} for axis in self.axes}
+        axes = {axis: {name: values for name, values in choices.items() if name in used[axis]}
+                for axis, choices in self.axes.items()}
+        return dataclasses.replace(self, axes=axes)
 
 
 def load_preset(path: Path) -> Preset:
@@ -182,14 +191,31 @@ def run_one(preset: Preset, spec: RunSpec, results_root: Path, runner: str) -> P
     return out_dir / spec.name
 
 
+def config_mismatch(spec: RunSpec, ran: dict[str, Any]) -> str | None:
+    """Why a finished run's config is not this spec's, or None if it is.
+
+    The whole resolved config is compared, defaults included, so a run made before a default
+    changed is not reused. A key the summary lacks was added after the run; it passes if the
+    spec resolves it to its default, which by our convention is the old behaviour. Where the
+    run's files live and which device ran it do not change what it computed.
+    """
+    wanted = RunConfig.from_mapping(spec.run_config).to_dict()
+    defaults = RunConfig().to_dict()
+    for key, value in wanted.items():
+        if key in NOT_PART_OF_THE_RESULT:
+            continue
+        if ran.get(key, defaults[key]) != value:
+            return f"ran with {key}={ran.get(key, '(absent)')!r}, preset asks {value!r}"
+    return None
+
+
 def is_done(preset: Preset, spec: RunSpec, results_root: Path) -> bool:
     """A readable summary of this run, with the config it was asked to run."""
     try:
         summary = read_summary(preset.results_dir(results_root) / spec.name)
     except ValueError:
         return False
-    ran = summary["config"]
-    return all(ran.get(k) == v for k, v in spec.run_config.items())
+    return config_mismatch(spec, summary["config"]) is None
 
 
 def sweep(preset: Preset, specs: list[RunSpec], results_root: Path, runner: str) -> list[str]:

@@ -31,6 +31,13 @@ def test_pyproject_defaults_parse_and_match_the_dataclass():
         ("dataset", "hub:imagenet", "choose one of hub:cifar100"),
         ("encoder", "resnet50", "choose one of: efficientnet-lite0"),
         ("encoder", "minilm", "dataset 'digits' is image; choose one of: efficientnet-lite0"),
+        ("local-optimizer", "lbfgs", "choose one of: adamw, sgd"),
+        ("local-steps", -1, ">= 0"),
+        ("aggregation-weights", "classes", "choose one of: samples, uniform"),
+        ("drift-correction", "feddyn", "choose one of: none, scaffold"),
+        ("drift-correction", "scaffold", 'scaffold\'s control variates assume local SGD steps; set local-optimizer="sgd"'),
+        ("server-optimizer", "fedyogi", "choose one of: fedavg, fedadam"),
+        ("server-learning-rate", 0.0, "> 0"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(key, value, fragment):

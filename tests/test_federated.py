@@ -187,3 +187,18 @@ def test_a_late_node_that_misses_the_statistics_is_left_out(cache_dir, tmp_path,
         (3, 0), (3, 0), (3, 0)]
     assert any("not admitted" in r.getMessage() and "disk full" in r.getMessage()
                for r in caplog.records)
+
+
+SCAFFOLD = {"local-optimizer": "sgd", "learning-rate": 0.1, "local-epochs": 1,
+            "drift-correction": "scaffold"}
+
+
+def test_scaffold_holds_accuracy_where_quantity_and_label_skew_break_the_recipe(cache_dir, tmp_path):
+    """Bernoulli-Dirichlet on digits: most classes sit whole on one client of very uneven size."""
+    skewed = {"partition": "bernoulli-dirichlet", "num-server-rounds": 10}
+    recipe = run(cache_dir, tmp_path, clients=40, **skewed)
+    corrected = run(cache_dir, tmp_path, clients=40, **skewed, **SCAFFOLD)
+    assert corrected["final_accuracy"] > recipe["final_accuracy"] + 0.1
+    assert [r["drift_correction"] for r in corrected["rounds"]][:3] == [False, False, True]
+    assert all(r["bytes_sent_per_client"] > 1.9 * recipe["rounds"][-1]["bytes_sent_per_client"]
+               for r in corrected["rounds"][2:])

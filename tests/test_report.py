@@ -180,6 +180,13 @@ def test_seeds_option_restricts_the_report(ablation, tmp_path):
     assert "| a | shard-1 | 40.00 ± — | 40.00 ± — | 50.00 ± — | 4.0 ± — |" in text
 
 
+def test_only_option_reports_the_subset_and_leaves_the_rest_out(ablation, tmp_path):
+    text = (report(tmp_path, ablation, "--only", "method=a") / "report.md").read_text()
+    assert "4 of 4 runs found" in text and "## Missing runs" not in text
+    assert "| a | shard-1 |" in text and "| b |" not in text
+    assert "--only method=a" in text  # the command that made it
+
+
 def test_noise_decline_and_realised_rate_by_hand(tmp_path):
     preset = write_preset(tmp_path, NOISE, "tiny-noise")
     for name, (curve, realised) in NOISE_CURVES.items():

@@ -7,7 +7,8 @@ from flwr.clientapp import ClientApp
 from ovalp_flwr import protocol as p
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.local_grid import InProcessGrid
-from ovalp_flwr.strategy import StagedFedAvg
+from ovalp_flwr.server import make_strategy
+from ovalp_flwr.strategy import ControlVariates, StagedFedAdam, StagedFedAvg
 
 
 def make_grid(num_nodes=4):
@@ -61,19 +62,19 @@ def test_sampling_is_seeded_and_follows_fraction():
     assert {tuple(sampled(s, r)) for s in range(3) for r in range(1, 4)}.__len__() > 1
 
 
-def reply(request: Message, weight: float, num_examples: int) -> Message:
+def reply(request: Message, weight: float | np.ndarray, num_examples: int, steps: int = 1) -> Message:
     content = RecordDict({
-        p.ARRAYS: p.to_record({"weight": np.full((2, 3), weight, np.float32)}),
-        p.METRICS: MetricRecord({p.NUM_EXAMPLES: num_examples, p.TRAIN_LOSS: weight,
-                                 p.TRAIN_SECONDS: 0.01}),
+        p.ARRAYS: p.to_record({"weight": np.broadcast_to(np.float32(weight), (2, 3))}),
+        p.METRICS: MetricRecord({p.NUM_EXAMPLES: num_examples, p.TRAIN_LOSS: float(np.mean(weight)),
+                                 p.TRAIN_SECONDS: 0.01, p.LOCAL_STEPS: steps}),
     })
     return Message(content=content, reply_to=request)
 
 
-def requests(n):
-    grid, strategy = make_grid(n), strategy_for(RunConfig())
-    arrays = p.to_record({"weight": np.zeros((2, 3), np.float32)})
-    return strategy, list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+def requests(n, strategy=None, server_round=1, start=0.0):
+    grid, strategy = make_grid(n), strategy or strategy_for(RunConfig())
+    arrays = p.to_record({"weight": np.full((2, 3), start, np.float32)})
+    return strategy, list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
 
 
 def test_fedavg_weights_by_sample_count_and_ignores_empty_clients():
@@ -91,3 +92,64 @@ def test_round_of_only_empty_clients_keeps_the_global_model():
     arrays, _ = strategy.aggregate_train(1, [reply(sent[0], 1.0, 0), reply(sent[1], 2.0, 0)])
     assert arrays is None
     assert strategy.rounds[1]["clients_trained"] == 0
+
+
+def test_uniform_weights_count_every_client_with_data_once():
+    strategy, sent = requests(3, strategy_for(RunConfig(), aggregation_weights="uniform"))
+    replies = [reply(sent[0], 1.0, 1), reply(sent[1], 4.0, 3), reply(sent[2], 100.0, 0)]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert np.allclose(arrays["weight"].numpy(), (1.0 + 4.0) / 2)
+    assert np.isclose(strategy.rounds[1]["train_loss"], (1 * 1 + 4 * 3) / 4)  # still per sample
+
+
+def test_scaffold_sends_no_correction_until_clients_have_reported():
+    strategy, sent = requests(2, strategy_for(RunConfig(), control_variates=ControlVariates(0.5)))
+    assert all(p.CORRECTION not in m.content for m in sent)
+    assert strategy.rounds[1]["drift_correction"] is False
+
+
+def test_scaffold_variates_are_mean_local_gradients_and_corrections_sum_to_zero():
+    """c_i = (x - y_i) / (K_i lr) - (c - c_i); with every client known, sum_i w_i (c - c_i) = 0."""
+    lr = 0.5
+    strategy = strategy_for(RunConfig(schedule="single-stage"), control_variates=ControlVariates(lr))
+    strategy, sent = requests(2, strategy, server_round=1, start=1.0)
+    # no correction in round 1: client 0 moved 1.0 -> 0.0 in 2 steps, client 1 1.0 -> 3.0 in 1
+    strategy.aggregate_train(1, [reply(sent[0], 0.0, 1, steps=2), reply(sent[1], 3.0, 3, steps=1)])
+    mean_gradients = {0: (1.0 - 0.0) / (2 * lr), 1: (1.0 - 3.0) / (1 * lr)}  # 1.0 and -4.0
+    shared = (1 * mean_gradients[0] + 3 * mean_gradients[1]) / 4
+    strategy, sent = requests(2, strategy, server_round=2, start=1.0)
+    corrections = [m.content[p.CORRECTION]["weight"].numpy() for m in sent]
+    assert np.allclose(corrections[0], shared - mean_gradients[0])
+    assert np.allclose(corrections[1], shared - mean_gradients[1])
+    assert np.allclose(1 * corrections[0] + 3 * corrections[1], 0.0)
+    assert strategy.rounds[2]["bytes_sent_per_client"] > 2 * 2 * 3 * 4  # weights + correction
+    # round 2 replies: c_i is the mean step minus the correction the client trained with
+    strategy.aggregate_train(2, [reply(sent[0], 0.5, 1, steps=1), reply(sent[1], 0.5, 3, steps=1)])
+    stored = strategy.variates.clients[sent[0].metadata.dst_node_id][1]["weight"]
+    assert np.allclose(stored, (1.0 - 0.5) / lr - corrections[0])
+
+
+def test_scaffold_starts_afresh_when_the_stage_changes():
+    strategy = strategy_for(RunConfig(), control_variates=ControlVariates(0.1))  # stage 1, then 2
+    strategy, sent = requests(2, strategy, server_round=1)
+    strategy.aggregate_train(1, [reply(m, 1.0, 5) for m in sent])
+    strategy, sent = requests(2, strategy, server_round=2)
+    assert all(p.CORRECTION not in m.content for m in sent)  # stage-1 variates are not reused
+
+
+def test_fedadam_keeps_the_head_dtype():
+    strategy = StagedFedAdam(stage_for_round=lambda r: 2, seed=0, eta=0.1)
+    strategy, sent = requests(2, strategy)
+    arrays, _ = strategy.aggregate_train(1, [reply(m, 1.0, 5) for m in sent])
+    assert arrays["weight"].numpy().dtype == np.float32
+    assert np.all(arrays["weight"].numpy() > 0)  # moved towards the clients' 1.0
+
+
+def test_run_config_picks_the_strategy():
+    assert type(make_strategy(RunConfig())) is StagedFedAvg
+    assert make_strategy(RunConfig()).variates is None
+    adam = make_strategy(RunConfig(server_optimizer="fedadam", server_learning_rate=0.03))
+    assert type(adam) is StagedFedAdam and adam.eta == 0.03
+    scaffold = make_strategy(RunConfig(local_optimizer="sgd", drift_correction="scaffold",
+                                       learning_rate=0.2, aggregation_weights="uniform"))
+    assert scaffold.variates.learning_rate == 0.2 and scaffold.aggregation_weights == "uniform"

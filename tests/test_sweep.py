@@ -7,6 +7,8 @@ import pytest
 from ovalp_flwr.sweep import (
     PAPER_SEEDS,
     PresetError,
+    RunSpec,
+    config_mismatch,
     is_done,
     load_preset,
     main,
@@ -118,3 +120,15 @@ def test_cli_lists_runs_and_reports_a_bad_preset_in_one_line(tmp_path, capsys):
         "todo  lp-softmax-iid-seed1", "todo  lp-softmax-shard-1-seed1"]
     assert main([str(tmp_path / "nope.toml")]) == 2
     assert capsys.readouterr().err.startswith("error: preset ")
+
+
+def test_a_run_made_under_another_default_is_not_reused():
+    from ovalp_flwr.config import RunConfig
+
+    spec = RunSpec(0, (("method", "m"),), {"dataset": "digits", "seed": 0})
+    ran = {**RunConfig(seed=0).to_dict(), "results-dir": "/elsewhere", "run-name": "x"}
+    assert config_mismatch(spec, ran) is None  # where it was written does not matter
+    older = {k: v for k, v in ran.items() if k != "drift-correction"}
+    assert config_mismatch(spec, older) is None  # a key added since: its default is the old way
+    assert config_mismatch(spec, {**ran, "learning-rate": 0.05}) == \
+        "ran with learning-rate=0.05, preset asks 0.01"  # the preset left it to the default

@@ -1,0 +1,45 @@
+"""A local round: epochs or a fixed number of steps, AdamW or SGD, and SCAFFOLD's offset."""
+
+import numpy as np
+import pytest
+import torch
+
+from ovalp_flwr.heads import build_head, head_to_numpy, loss_for
+from ovalp_flwr.training import LocalSchedule, train_local
+
+
+def data(n=30, d=4, k=3, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=generator), torch.randint(0, k, (n,), generator=generator)
+
+
+def local(schedule, offset=None, n=30):
+    features, labels = data(n)
+    arrays = head_to_numpy(build_head(4, 3, seed=0))
+    return arrays, train_local(arrays, features, labels, head_type="ova", stage=2, schedule=schedule,
+                               generator=torch.Generator().manual_seed(1), gradient_offset=offset)
+
+
+def test_epochs_or_a_fixed_number_of_steps():
+    assert local(LocalSchedule(epochs=3, batch_size=10))[1].steps == 9
+    assert local(LocalSchedule(epochs=3, batch_size=10, steps=7))[1].steps == 7
+    assert local(LocalSchedule(epochs=1, batch_size=10, steps=25))[1].steps == 25  # past one epoch
+    assert local(LocalSchedule(batch_size=100, steps=1), n=30)[1].steps == 1  # one full batch
+
+
+def test_one_full_batch_sgd_step_with_an_offset_is_x_minus_lr_times_gradient_plus_offset():
+    features, labels = data()
+    head = build_head(4, 3, seed=0)
+    loss_for("ova", 2)(head(features), labels).backward()
+    offset = {"weight": np.full((3, 4), 0.25, np.float32), "bias": np.full(3, -0.5, np.float32)}
+    arrays, result = local(LocalSchedule(batch_size=100, steps=1, optimizer="sgd", learning_rate=0.1,
+                                         weight_decay=0.0), offset)
+    for key, param in (("weight", head.weight), ("bias", head.bias)):
+        expected = arrays[key] - 0.1 * (param.grad.numpy() + offset[key])
+        assert np.allclose(result.arrays[key], expected, atol=1e-6)
+
+
+def test_an_offset_of_the_wrong_shape_is_one_clear_error():
+    with pytest.raises(ValueError, match=r"gradient offset 'weight' has shape \(2, 2\); the head's is \(3, 4\)"):
+        local(LocalSchedule(optimizer="sgd"), {"weight": np.zeros((2, 2), np.float32),
+                                               "bias": np.zeros(3, np.float32)})
