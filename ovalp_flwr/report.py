@@ -350,7 +350,8 @@ def markdown(preset: Preset, runs: list[RunResult], missing: list[tuple[str, str
                                                    else ""),
              "## All cells\n\n" + main_table(preset, cells)]
     if METHOD_AXIS in preset.axes and REFERENCE_AXIS in preset.axes:
-        parts.append("## Ablation: R(final) (%)\n\n" + pivots(preset, cells, "r_final", False))
+        if set(preset.axes[REFERENCE_AXIS]) - {REFERENCE_CHOICE}:  # some R to show
+            parts.append("## Ablation: R(final) (%)\n\n" + pivots(preset, cells, "r_final", False))
         parts.append("## Ablation: final accuracy (%)\n\n" + pivots(preset, cells, "final", True))
     if NOISE_AXIS in preset.axes:
         parts.append("## Label noise\n\n" + noise_tables(preset, runs))

@@ -185,6 +185,8 @@ def test_only_option_reports_the_subset_and_leaves_the_rest_out(ablation, tmp_pa
     assert "4 of 4 runs found" in text and "## Missing runs" not in text
     assert "| a | shard-1 |" in text and "| b |" not in text
     assert "--only method=a" in text  # the command that made it
+    iid_only = (report(tmp_path, ablation, "--only", "partition=iid") / "report.md").read_text()
+    assert "## Ablation: final accuracy" in iid_only and "R(final) (%)\n" not in iid_only
 
 
 def test_noise_decline_and_realised_rate_by_hand(tmp_path):
