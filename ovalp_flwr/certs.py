@@ -31,6 +31,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 DEFAULT_DIR = Path(".flwr-deploy/certs")
 SERVER_NAMES = ("127.0.0.1", "localhost", "superlink")
 VALID_DAYS = 30
+CA_CERT, SERVER_CERT, SERVER_KEY = "ca.crt", "server.pem", "server.key"  # what Flower is given
 
 
 @dataclass
@@ -106,9 +107,9 @@ def make_server_certs(directory: Path, names: tuple[str, ...] = SERVER_NAMES) ->
     pem = serialization.Encoding.PEM
     _write(directory / "ca.key", _pem_key(ca_key), private=True)
     return ServerCerts(
-        ca_cert=_write(directory / "ca.crt", ca_cert.public_bytes(pem)),
-        server_cert=_write(directory / "server.pem", server_cert.public_bytes(pem)),
-        server_key=_write(directory / "server.key", _pem_key(server_key), private=True),
+        ca_cert=_write(directory / CA_CERT, ca_cert.public_bytes(pem)),
+        server_cert=_write(directory / SERVER_CERT, server_cert.public_bytes(pem)),
+        server_key=_write(directory / SERVER_KEY, _pem_key(server_key), private=True),
     )
 
 

@@ -3,6 +3,7 @@
 
     python -m ovalp_flwr.deploy --num-supernodes 3 -- --run-config "num-server-rounds=5"
     python -m ovalp_flwr.deploy -n 3 --node-dir 'nodes/{i}' -- --run-config "..."
+    python -m ovalp_flwr.deploy -n 3 --isolation subprocess -- --run-config "..."
 
 Each SuperNode gets `--node-config "partition-id=i num-partitions=N"`; with `--node-dir`
 (`{i}` is the partition id) also `data-dir='<dir>/data' feature-cache-dir='<dir>/cache'`, so
@@ -11,6 +12,13 @@ it, nodes read the run's data files but each keeps its own cache under
 `<flwr-home>/nodes/<i>/cache`, so no two SuperNodes share a cache. Every
 process is started in its own session and stopped by PID, with all it started, on exit,
 error, Ctrl-C or SIGTERM. Logs go to `<flwr-home>/deploy/`.
+
+Isolation is `process` by default, as in `docker/compose.yml`: the SuperLink and every
+SuperNode run with `--isolation process`, and separate `flower-superexec` runtimes (one for
+the ServerApp, attached to the SuperLink's port; one per SuperNode, attached to that node's
+`--port`) start the app processes, the way the compose file's `serverapp` and
+`clientapp-<i>` containers do. `--isolation subprocess` lets the SuperLink and SuperNodes start
+them themselves, which is Flower's default and needs no runtime processes.
 
 With `--tls` (`secure=True`) the deployment is encrypted and authenticated: throwaway
 certificates and SuperNode keys are made under `<flwr-home>/certs` (`ovalp_flwr.certs`),
@@ -45,6 +53,25 @@ from ovalp_flwr.launch import (
 )
 
 CONNECTION = "ovalp-deploy"
+ISOLATIONS = ("process", "subprocess")
+DEFAULT_ISOLATION = "process"  # as docker/compose.yml
+
+
+@dataclass
+class Node:
+    """One SuperNode and, under process isolation, the ClientApp runtime attached to it."""
+
+    partition_id: int
+    supernode: subprocess.Popen
+    runtime: subprocess.Popen | None = None
+
+    def processes(self) -> list[subprocess.Popen]:
+        return [self.supernode, *([self.runtime] if self.runtime is not None else [])]
+
+    def stop(self) -> None:
+        """What a host failure does: the node and its runtime are gone."""
+        for process in reversed(self.processes()):
+            stop_group(process)
 
 
 @dataclass
@@ -54,15 +81,23 @@ class Deployment:
     address: str
     flwr_home: Path
     superlink: subprocess.Popen
-    supernodes: list[subprocess.Popen] = field(default_factory=list)
+    isolation: str = DEFAULT_ISOLATION
+    server_runtime: subprocess.Popen | None = None  # process isolation: the ServerApp's
+    nodes: list[Node] = field(default_factory=list)
     certs: Path | None = None  # set when secure: CA cert, server cert/key, node keys
 
     @property
     def secure(self) -> bool:
         return self.certs is not None
 
+    @property
+    def supernodes(self) -> list[subprocess.Popen]:
+        return [node.supernode for node in self.nodes]
+
     def processes(self) -> list[subprocess.Popen]:
-        return [self.superlink, *self.supernodes]
+        """Every process, in start order (stop them in reverse)."""
+        server = [self.superlink, *([self.server_runtime] if self.server_runtime else [])]
+        return server + [process for node in self.nodes for process in node.processes()]
 
 
 def node_config(partition_id: int, num_partitions: int, node_dir: str | None,
@@ -86,6 +121,44 @@ def _start(command: list[str], log: Path, flwr_home: Path, cwd: Path) -> subproc
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _check_isolation(isolation: str) -> None:
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation={isolation!r} is not allowed; choose one of {ISOLATIONS}")
+
+
+def superlink_command(port: int, isolation: str, certs: Path | None, database: Path) -> list[str]:
+    """compose's `superlink` on loopback, with its state in `database`. `certs`: TLS with the
+    files `certs.make_all` writes, and SuperNode authentication."""
+    if certs is not None:
+        security = ["--ssl-certfile", str(certs / certs_module.SERVER_CERT),
+                    "--ssl-keyfile", str(certs / certs_module.SERVER_KEY),
+                    "--ssl-ca-certfile", str(certs / certs_module.CA_CERT), "--enable-supernode-auth"]
+    else:
+        security = ["--insecure"]
+    return [_bin("flower-superlink"), *security, "--isolation", isolation,
+            "--host", "127.0.0.1", "--port", str(port), "--database", str(database)]
+
+
+def supernode_command(superlink: str, port: int, isolation: str, config: str,
+                      certs: Path | None = None, private_key: Path | None = None) -> list[str]:
+    """compose's `supernode-<i>` on loopback: `port` is its runtime API (its own per node)."""
+    if certs is not None:
+        security = ["--root-certificates", str(certs / certs_module.CA_CERT),
+                    "--auth-supernode-private-key", str(private_key)]
+    else:
+        security = ["--insecure"]
+    return [_bin("flower-supernode"), *security, "--superlink", superlink,
+            "--isolation", isolation, "--port", str(port), "--node-config", config]
+
+
+def runtime_command(runtime_api_address: str, root_certificates: Path | None = None) -> list[str]:
+    """`flower-superexec` attached to a SuperLink's or SuperNode's runtime API (compose's
+    `serverapp` / `clientapp-<i>`): it starts the app process for each run or message."""
+    security = (["--root-certificates", str(root_certificates)] if root_certificates is not None
+                else ["--insecure"])
+    return [_bin("flower-superexec"), *security, "--runtime-api-address", runtime_api_address]
+
+
 def register_supernode(deployment: Deployment, public_key: Path) -> str:
     """`flwr supernode register <public_key> ovalp-deploy`; its output (raises on failure)."""
     done = subprocess.run([_bin("flwr"), "supernode", "register", str(public_key), CONNECTION],
@@ -99,12 +172,15 @@ def register_supernode(deployment: Deployment, public_key: Path) -> str:
 
 def start_supernode(deployment: Deployment, partition_id: int, num_partitions: int,
                     node_dir: str | None, cwd: Path = PROJECT, private_key: Path | None = None,
-                    register: bool = True, log_name: str | None = None) -> subprocess.Popen:
-    """One more SuperNode (also for a node that joins a running federation late).
+                    register: bool = True, log_stem: str | None = None) -> Node:
+    """One more SuperNode (also for a node that joins a running federation late), with its
+    ClientApp runtime under process isolation.
 
     Secure deployments: the node authenticates with `private_key` (default: the key pair
     `supernode-<partition_id>` under the deployment's certs, made if missing), whose public
     half is registered first unless `register=False` (a node the SuperLink must refuse).
+    Logs: `<flwr-home>/deploy/<log_stem>.log` (default `supernode-<i>`) and, for the runtime,
+    `<log_stem>-clientapp.log`.
     """
     if deployment.secure:
         assert deployment.certs is not None
@@ -114,50 +190,54 @@ def start_supernode(deployment: Deployment, partition_id: int, num_partitions: i
                 certs_module.make_node_keys(deployment.certs, private_key.name)
         if register:
             register_supernode(deployment, private_key.with_name(private_key.name + ".pub"))
-        security = ["--root-certificates", str(deployment.certs / "ca.crt"),
-                    "--auth-supernode-private-key", str(private_key)]
-    else:
-        security = ["--insecure"]
-    command = [_bin("flower-supernode"), *security, "--superlink", deployment.address,
-               "--port", str(free_port()),
-               "--node-config", node_config(partition_id, num_partitions, node_dir,
-                                            deployment.flwr_home / "nodes" / str(partition_id) / "cache")]
-    log = deployment.flwr_home / "deploy" / (log_name or f"supernode-{partition_id}.log")
-    process = _start(command, log, deployment.flwr_home, cwd)
-    deployment.supernodes.append(process)
-    return process
+    port = free_port()  # the node's runtime API, where its ClientApp runtime attaches
+    cache = deployment.flwr_home / "nodes" / str(partition_id) / "cache"
+    command = supernode_command(deployment.address, port, deployment.isolation,
+                                node_config(partition_id, num_partitions, node_dir, cache),
+                                deployment.certs, private_key)
+    name = log_stem or f"supernode-{partition_id}"
+    logs = deployment.flwr_home / "deploy"
+    node = Node(partition_id, _start(command, logs / f"{name}.log", deployment.flwr_home, cwd))
+    deployment.nodes.append(node)
+    if deployment.isolation == "process":
+        node.runtime = _start(runtime_command(f"127.0.0.1:{port}"), logs / f"{name}-clientapp.log",
+                              deployment.flwr_home, cwd)
+    return node
 
 
 @contextlib.contextmanager
 def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None = None,
-                     cwd: Path = PROJECT, secure: bool = False) -> Iterator[Deployment]:
-    """SuperLink + N SuperNodes; everything stopped on the way out, whatever happens.
+                     cwd: Path = PROJECT, secure: bool = False, isolation: str = DEFAULT_ISOLATION,
+                     num_partitions: int | None = None) -> Iterator[Deployment]:
+    """SuperLink + N SuperNodes (+ their runtimes under process isolation); everything
+    stopped on the way out, whatever happens.
 
     `secure`: TLS + SuperNode authentication, with throwaway certs under `<flwr_home>/certs`.
+    `num_partitions` (default N): more than N leaves partitions N.. for nodes that join later
+    (`start_supernode`).
     """
+    _check_isolation(isolation)
     flwr_home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = flwr_home / "deploy" / "superlink.log"
     certs = None
     if secure:
         certs = flwr_home / "certs"
-        server, _ = certs_module.make_all(certs, num_supernodes)
-        security = ["--ssl-certfile", str(server.server_cert),
-                    "--ssl-keyfile", str(server.server_key),
-                    "--ssl-ca-certfile", str(server.ca_cert), "--enable-supernode-auth"]
-    else:
-        security = ["--insecure"]
-    superlink = _start([_bin("flower-superlink"), *security, "--host", "127.0.0.1",
-                        "--port", str(port), "--database", str(flwr_home / "deploy" / "state.db")],
+        certs_module.make_all(certs, num_supernodes)
+    superlink = _start(superlink_command(port, isolation, certs, flwr_home / "deploy" / "state.db"),
                        log, flwr_home, cwd)
-    deployment = Deployment(f"127.0.0.1:{port}", flwr_home, superlink, certs=certs)
+    deployment = Deployment(f"127.0.0.1:{port}", flwr_home, superlink, isolation, certs=certs)
     try:
         _wait_for_port(port, superlink, log)
+        if isolation == "process":
+            deployment.server_runtime = _start(
+                runtime_command(deployment.address, certs / certs_module.CA_CERT if certs else None),
+                flwr_home / "deploy" / "serverapp.log", flwr_home, cwd)
         # the connection first: `flwr supernode register` (secure) goes through it
         write_connection(flwr_home, CONNECTION, deployment.address,
-                         certs / "ca.crt" if certs is not None else None)
+                         certs / certs_module.CA_CERT if certs is not None else None)
         for i in range(num_supernodes):
-            start_supernode(deployment, i, num_supernodes, node_dir, cwd)
+            start_supernode(deployment, i, num_partitions or num_supernodes, node_dir, cwd)
         yield deployment
     finally:
         for process in reversed(deployment.processes()):
@@ -178,12 +258,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr-deploy")
     parser.add_argument("--tls", action="store_true",
                         help="TLS + SuperNode authentication (throwaway certs in <flwr-home>/certs)")
+    parser.add_argument("--isolation", choices=ISOLATIONS, default=DEFAULT_ISOLATION,
+                        help="process: separate flower-superexec runtimes, as docker/compose.yml "
+                             "(default); subprocess: SuperLink and SuperNodes start the apps")
     args, flwr_args = flwr_args_after_dashes(parser, list(argv) if argv is not None else None)
     started = time.monotonic()
     with local_deployment(args.num_supernodes, args.flwr_home.resolve(), args.node_dir,
-                          args.app.resolve(), secure=args.tls) as deployment:
+                          args.app.resolve(), secure=args.tls,
+                          isolation=args.isolation) as deployment:
         code, final_line = run_app(deployment, args.app.resolve(), flwr_args)
-    print(f"deployment of {args.num_supernodes} SuperNodes{' (TLS + node auth)' if args.tls else ''}: "
+    print(f"deployment of {args.num_supernodes} SuperNodes ({args.isolation} isolation"
+          f"{', TLS + node auth' if args.tls else ''}): "
           f"{time.monotonic() - started:.0f} s")
     return report_result(code, final_line)
 

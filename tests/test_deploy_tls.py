@@ -51,8 +51,9 @@ def test_tls_and_node_auth_run_to_completion_and_refuse_an_unregistered_node(tmp
         # a SuperNode whose key pair was never registered: the SuperLink refuses it
         private, _ = certs.make_node_keys(deployment.certs, "intruder")
         intruder = deploy.start_supernode(deployment, 3, 4, None, private_key=private,
-                                          register=False, log_name="intruder.log")
-        exit_code = wait_for_exit(intruder, timeout=60)
+                                          register=False, log_stem="intruder")
+        exit_code = wait_for_exit(intruder.supernode, timeout=60)
+        intruder.stop()
         intruder_log = (logs / "intruder.log").read_text(errors="replace")
         assert exit_code not in (None, 0), intruder_log[-2000:]
         assert "Failed to activate SuperNode" in intruder_log, intruder_log[-2000:]

@@ -100,3 +100,40 @@ def test_the_tls_overlay_uses_real_flags_and_the_files_certs_py_writes(tmp_path)
         command = services[f"supernode-{i}"]["command"]
         assert command[command.index("--auth-supernode-private-key") + 1] == f"/certs/supernode-{i}"
         assert f"partition-id={i} " in command[command.index("--node-config") + 1]
+
+
+# flags that differ between containers and loopback on purpose: where to listen (`--host`:
+# 0.0.0.0 in a container, 127.0.0.1 here) and where the SuperLink keeps its state (`--database`:
+# a file of the deployment's here, memory in the demo)
+PLACE_ONLY = {"--host", "--database"}
+
+
+def flag_values(command: list[str]) -> dict[str, str | None]:
+    """{flag: the value after it, None for a switch}."""
+    return {arg: (nxt if nxt is not None and not nxt.startswith("--") else None)
+            for arg, nxt in zip(command, [*command[1:], None]) if arg.startswith("--")}
+
+
+def assert_same_flags(service: str, compose_command: list[str], native_command: list[str]) -> None:
+    compose_flags, native_flags = flag_values(compose_command), flag_values(native_command)
+    assert set(compose_flags) - PLACE_ONLY == set(native_flags) - PLACE_ONLY, service
+    assert compose_flags.get("--isolation") == native_flags.get("--isolation"), service
+
+
+def test_deploy_runs_the_compose_commands_as_native_processes(tmp_path):
+    """`ovalp_flwr.deploy` (the e2e tests) starts what compose starts, flag for flag."""
+    from ovalp_flwr import deploy
+
+    isolation = deploy.DEFAULT_ISOLATION
+    for services, certs in ((compose()["services"], None), (merged_tls(), tmp_path)):
+        key = tmp_path / "supernode-0" if certs else None
+        native = {
+            "superlink": deploy.superlink_command(8000, isolation, certs, tmp_path / "state.db"),
+            "serverapp": deploy.runtime_command("127.0.0.1:8000", certs / "ca.crt" if certs else None),
+            "supernode-0": deploy.supernode_command("127.0.0.1:8000", 9094, isolation,
+                                                   deploy.node_config(0, 3, "/node{i}"), certs, key),
+            "clientapp-0": deploy.runtime_command("127.0.0.1:9094"),
+        }
+        for name, command in native.items():
+            assert Path(command[0]).name == binary(services[name]), name
+            assert_same_flags(name, services[name]["command"], command[1:])
