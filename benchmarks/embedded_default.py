@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ovalp_flwr.config import RECIPE  # the paper's local recipe, as when the results were made
 from ovalp_flwr.local_grid import run_local
 from ovalp_flwr.results import read_summary
 
@@ -36,7 +37,7 @@ PARTITIONS = {"IID": {"partition": "iid"}, "shard-1": {"partition": "shard", "cl
 
 def run_one(method: str, partition: str, norm: str, seed: int, rounds: int, clients: int,
             epochs: int, scratch: Path) -> dict:
-    overrides = {**METHODS[method], **PARTITIONS[partition], "feature-norm": norm, "seed": seed,
+    overrides = {**RECIPE, **METHODS[method], **PARTITIONS[partition], "feature-norm": norm, "seed": seed,
                  "num-server-rounds": rounds, "local-epochs": epochs, "results-dir": str(scratch),
                  "run-name": f"{method}-{partition}-{norm}-e{epochs}-{seed}".replace(" ", "_")}
     summary = read_summary(run_local(overrides, clients))

@@ -19,11 +19,13 @@ from ovalp_flwr.results import read_summary
 OUT = Path(__file__).resolve().parent / "results"
 METHODS = {"OvA-LP": "head='ova' schedule='two-stage'", "LP-softmax": "head='softmax'"}
 PARTITIONS = {"IID": "partition='iid'", "shard-1": "partition='shard' classes-per-client=1"}
+# the paper's local recipe, as when the committed results were made (config.RECIPE)
+RECIPE = "local-optimizer='adamw' learning-rate=0.01 drift-correction='none'"
 
 
 def run(args: argparse.Namespace, method: str, partition: str, results_dir: Path) -> dict:
     name = f"{args.name}-{method}-{partition}".replace(" ", "_")
-    run_config = (f"dataset='{args.dataset}' encoder='{args.encoder}' {METHODS[method]} "
+    run_config = (f"dataset='{args.dataset}' encoder='{args.encoder}' {RECIPE} {METHODS[method]} "
                   f"{PARTITIONS[partition]} num-server-rounds={args.rounds} seed={args.seed} "
                   f"results-dir='{results_dir}' run-name='{name}'")
     started = time.time()

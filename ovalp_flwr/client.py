@@ -1,7 +1,7 @@
 """What a client does with each message; `client_app.py` only registers these.
 
 The client's features are loaded and normalised once per process and kept on its
-device; a round is then a few AdamW steps on a slice of memory.
+device; a round is then a few SGD (or AdamW) steps on a slice of memory.
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ LOCAL_OPTIMIZERS = ("adamw", "sgd")
 AGGREGATION_WEIGHTS = ("samples", "uniform")
 DRIFT_CORRECTIONS = ("none", "scaffold")
 SERVER_OPTIMIZERS = ("fedavg", "fedadam")
+# The paper's local recipe, which the defaults were until SCAFFOLD replaced it (README,
+# "Quantity skew"): presets that reproduce the paper, and tests of its claims, pin it.
+RECIPE: dict[str, Any] = {"local-optimizer": "adamw", "learning-rate": 0.01,
+                          "drift-correction": "none"}
 
 
 class ConfigError(ValueError):
@@ -33,7 +37,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Every knob of a run, with the paper's main setting as defaults."""
+    """Every knob of a run. Defaults: the paper's main setting, except the local step: SGD
+    with SCAFFOLD's drift correction instead of AdamW (`RECIPE`), which holds OvA-LP's
+    accuracy where label skew meets quantity skew (README, "Quantity skew")."""
 
     dataset: str = "digits"
     encoder: str = "efficientnet-lite0"
@@ -52,13 +58,13 @@ class RunConfig:
     num_server_rounds: int = 20
     local_epochs: int = 3
     batch_size: int = 50
-    learning_rate: float = 0.01
+    learning_rate: float = 0.05
     weight_decay: float = 1e-4
-    # variants for quantity-skewed label partitions (README, "Quantity skew"); defaults = recipe
-    local_optimizer: str = "adamw"
+    # variants for quantity-skewed label partitions (README, "Quantity skew")
+    local_optimizer: str = "sgd"
     local_steps: int = 0  # > 0: exactly this many local steps per round instead of epochs
     aggregation_weights: str = "samples"
-    drift_correction: str = "none"
+    drift_correction: str = "scaffold"
     server_optimizer: str = "fedavg"
     server_learning_rate: float = 0.1  # FedAdam's eta (Flower's default)
     fraction_train: float = 1.0

@@ -45,6 +45,12 @@ PRESET_KEYS = {"description", "num-supernodes", "seeds"}
 RUN_KEYS_SET_BY_SWEEP = {"seed", "run-name", "results-dir"}
 NOT_PART_OF_THE_RESULT = {"run-name", "results-dir", "feature-cache-dir", "data-dir", "device"}
 
+# What a summary without these keys ran: they were added with the quantity-skew variants, and
+# until then every run took the paper's local recipe (the defaults have moved since).
+BEFORE_THE_KEY: dict[str, Any] = {"local-optimizer": "adamw", "local-steps": 0,
+                                  "aggregation-weights": "samples", "drift-correction": "none",
+                                  "server-optimizer": "fedavg", "server-learning-rate": 0.1}
+
 
 class PresetError(ValueError):
     """A preset file that cannot be run; the message is one line naming file, key and value."""
@@ -195,16 +201,16 @@ def config_mismatch(spec: RunSpec, ran: dict[str, Any]) -> str | None:
     """Why a finished run's config is not this spec's, or None if it is.
 
     The whole resolved config is compared, defaults included, so a run made before a default
-    changed is not reused. A key the summary lacks was added after the run; it passes if the
-    spec resolves it to its default, which by our convention is the old behaviour. Where the
-    run's files live and which device ran it do not change what it computed.
+    changed is not reused. A key the summary lacks was added after the run: the run had the
+    behaviour from before the key existed (`BEFORE_THE_KEY`, else the key's default). Where
+    the run's files live and which device ran it do not change what it computed.
     """
     wanted = RunConfig.from_mapping(spec.run_config).to_dict()
-    defaults = RunConfig().to_dict()
+    before = {**RunConfig().to_dict(), **BEFORE_THE_KEY}
     for key, value in wanted.items():
         if key in NOT_PART_OF_THE_RESULT:
             continue
-        if ran.get(key, defaults[key]) != value:
+        if ran.get(key, before[key]) != value:
             return f"ran with {key}={ran.get(key, '(absent)')!r}, preset asks {value!r}"
     return None
 

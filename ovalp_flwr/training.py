@@ -1,4 +1,4 @@
-"""One client's local round: a few epochs of AdamW (or SGD) on its cached (normalised) features."""
+"""One client's local round: a few epochs of SGD (or AdamW) on its cached (normalised) features."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from ovalp_flwr.heads import head_from_numpy, head_to_numpy, loss_for
 
 @dataclass(frozen=True)
 class LocalSchedule:
-    """The optimiser settings of a local round (the paper's main setting by default)."""
+    """The optimiser settings of a local round (the paper's recipe by default; the run config's
+    defaults are SGD + SCAFFOLD, see config.RunConfig)."""
 
     epochs: int = 3
     batch_size: int = 50

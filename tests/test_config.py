@@ -2,7 +2,7 @@
 
 import pytest
 
-from ovalp_flwr.config import ConfigError, RunConfig, check_num_clients
+from ovalp_flwr.config import RECIPE, ConfigError, RunConfig, check_num_clients
 from ovalp_flwr.local_grid import app_config
 
 
@@ -35,7 +35,6 @@ def test_pyproject_defaults_parse_and_match_the_dataclass():
         ("local-steps", -1, ">= 0"),
         ("aggregation-weights", "classes", "choose one of: samples, uniform"),
         ("drift-correction", "feddyn", "choose one of: none, scaffold"),
-        ("drift-correction", "scaffold", 'scaffold\'s control variates assume local SGD steps; set local-optimizer="sgd"'),
         ("server-optimizer", "fedyogi", "choose one of: fedavg, fedadam"),
         ("server-learning-rate", 0.0, "> 0"),
     ],
@@ -46,6 +45,15 @@ def test_bad_values_name_key_value_and_allowed(key, value, fragment):
     message = str(err.value)
     assert "\n" not in message
     assert f"{key}={value!r}" in message and fragment in message
+
+
+def test_adamw_under_the_default_scaffold_says_how_to_get_the_recipe():
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_mapping({**app_config(), "local-optimizer": "adamw"})
+    assert str(err.value) == (
+        "run config: drift-correction='scaffold' is not allowed; scaffold's control variates "
+        'assume local SGD steps; set local-optimizer="sgd" or drift-correction="none"')
+    assert RunConfig.from_mapping({**app_config(), **RECIPE}).local_optimizer == "adamw"
 
 
 def test_ints_are_accepted_for_floats():

@@ -12,7 +12,7 @@ import client_app
 import server_app
 from ovalp_flwr import protocol as p
 from ovalp_flwr.cache import load_or_build
-from ovalp_flwr.config import ConfigError
+from ovalp_flwr.config import RECIPE, ConfigError
 from ovalp_flwr.local_grid import InProcessGrid, app_config, run_local
 from ovalp_flwr.results import read_summary
 
@@ -189,15 +189,12 @@ def test_a_late_node_that_misses_the_statistics_is_left_out(cache_dir, tmp_path,
                for r in caplog.records)
 
 
-SCAFFOLD = {"local-optimizer": "sgd", "learning-rate": 0.1, "local-epochs": 1,
-            "drift-correction": "scaffold"}
-
-
-def test_scaffold_holds_accuracy_where_quantity_and_label_skew_break_the_recipe(cache_dir, tmp_path):
+def test_the_default_scaffold_holds_accuracy_where_quantity_and_label_skew_break_the_recipe(
+        cache_dir, tmp_path):
     """Bernoulli-Dirichlet on digits: most classes sit whole on one client of very uneven size."""
     skewed = {"partition": "bernoulli-dirichlet", "num-server-rounds": 10}
-    recipe = run(cache_dir, tmp_path, clients=40, **skewed)
-    corrected = run(cache_dir, tmp_path, clients=40, **skewed, **SCAFFOLD)
+    recipe = run(cache_dir, tmp_path, clients=40, **skewed, **RECIPE)
+    corrected = run(cache_dir, tmp_path, clients=40, **skewed)  # the defaults: SGD + SCAFFOLD
     assert corrected["final_accuracy"] > recipe["final_accuracy"] + 0.1
     assert [r["drift_correction"] for r in corrected["rounds"]][:3] == [False, False, True]
     assert all(r["bytes_sent_per_client"] > 1.9 * recipe["rounds"][-1]["bytes_sent_per_client"]

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from ovalp_flwr.config import RunConfig
 from ovalp_flwr.report import main
 from ovalp_flwr.results import write_run
 from ovalp_flwr.sweep import load_preset, sweep
@@ -76,12 +77,13 @@ def write_preset(tmp_path, text, name):
 
 
 def fabricate(preset, results, name, curve, realised=0.0, **config_changes):
-    """A summary in the real format, with the run config `sweep.is_done` checks."""
+    """A summary in the real format, with the resolved run config `sweep.is_done` checks."""
     spec = next(s for s in preset.runs() if s.name == name)
+    resolved = RunConfig.from_mapping(spec.run_config).to_dict()
     rounds = [{"round": t, "accuracy": a, **ROUND_COSTS} for t, a in enumerate(curve, 1)]
     summary = {
         "final_accuracy": curve[-1], "best_accuracy": max(curve), "initial_accuracy": 0.1,
-        "config": {**spec.run_config, "run-name": name, **config_changes}, "rounds": rounds,
+        "config": {**resolved, "run-name": name, **config_changes}, "rounds": rounds,
         "label_noise": {"kind": spec.run_config.get("label-noise", "none"),
                         "rate": spec.run_config.get("noise-rate", 0.0), "realised_rate": realised},
     }

@@ -147,7 +147,8 @@ def test_fedadam_keeps_the_head_dtype():
 
 def test_run_config_picks_the_strategy():
     assert type(make_strategy(RunConfig())) is StagedFedAvg
-    assert make_strategy(RunConfig()).variates is None
+    assert make_strategy(RunConfig()).variates.learning_rate == 0.05  # the default: SCAFFOLD
+    assert make_strategy(RunConfig(local_optimizer="adamw", drift_correction="none")).variates is None
     adam = make_strategy(RunConfig(server_optimizer="fedadam", server_learning_rate=0.03))
     assert type(adam) is StagedFedAdam and adam.eta == 0.03
     scaffold = make_strategy(RunConfig(local_optimizer="sgd", drift_correction="scaffold",

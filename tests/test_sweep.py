@@ -128,7 +128,22 @@ def test_a_run_made_under_another_default_is_not_reused():
     spec = RunSpec(0, (("method", "m"),), {"dataset": "digits", "seed": 0})
     ran = {**RunConfig(seed=0).to_dict(), "results-dir": "/elsewhere", "run-name": "x"}
     assert config_mismatch(spec, ran) is None  # where it was written does not matter
-    older = {k: v for k, v in ran.items() if k != "drift-correction"}
-    assert config_mismatch(spec, older) is None  # a key added since: its default is the old way
-    assert config_mismatch(spec, {**ran, "learning-rate": 0.05}) == \
-        "ran with learning-rate=0.05, preset asks 0.01"  # the preset left it to the default
+    assert config_mismatch(spec, {**ran, "learning-rate": 0.01}) == \
+        "ran with learning-rate=0.01, preset asks 0.05"  # the preset left it to the default
+
+
+def test_a_summary_from_before_a_key_existed_ran_what_came_before_it():
+    """Runs made before the quantity-skew keys took the paper's recipe, today's defaults or not."""
+    from ovalp_flwr.config import RECIPE, RunConfig
+
+    recipe = RunSpec(0, (("method", "m"),), {"dataset": "digits", "seed": 0, **RECIPE})
+    new_keys = {"local-optimizer", "local-steps", "aggregation-weights", "drift-correction",
+                "server-optimizer", "server-learning-rate"}
+    older = {k: v for k, v in RunConfig(seed=0).to_dict().items() if k not in new_keys}
+    older["learning-rate"] = 0.01
+    assert config_mismatch(recipe, older) is None
+    today = RunSpec(0, (("method", "m"),), {"dataset": "digits", "seed": 0})  # SCAFFOLD now
+    assert config_mismatch(today, older) == \
+        "ran with learning-rate=0.01, preset asks 0.05"
+    assert config_mismatch(today, {**older, "learning-rate": 0.05}) == \
+        "ran with local-optimizer='(absent)', preset asks 'sgd'"
