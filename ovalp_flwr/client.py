@@ -6,6 +6,8 @@ device; a round is then a few SGD (or AdamW) steps on a slice of memory.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -71,7 +73,7 @@ def train(msg: Message, context: Context) -> Message:
         p.from_record(msg.content[p.ARRAYS]), features, labels,
         head_type=config.head,
         stage=int(round_config[p.STAGE]),
-        schedule=local_schedule(config),
+        schedule=local_schedule(config, round_config),
         generator=shuffle_generator(config.seed, server_round, partition_id),
         gradient_offset=None if correction is None else p.from_record(correction),
     )
@@ -85,9 +87,12 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-def local_schedule(config: RunConfig) -> LocalSchedule:
+def local_schedule(config: RunConfig, round_config: Mapping | None = None) -> LocalSchedule:
+    """The run's local optimiser; the steps come from `local-steps`, else from the server
+    (epoch-size = "equal-share": the same for every client), else from the client's epochs."""
+    steps = config.local_steps or int((round_config or {}).get(p.LOCAL_STEPS, 0))
     return LocalSchedule(config.local_epochs, config.batch_size, config.learning_rate,
-                         config.weight_decay, config.local_optimizer, config.local_steps)
+                         config.weight_decay, config.local_optimizer, steps)
 
 
 def evaluate(msg: Message, context: Context) -> Message:

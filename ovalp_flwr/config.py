@@ -20,11 +20,12 @@ DEVICES = ("auto", "cpu", "cuda")
 LOCAL_OPTIMIZERS = ("adamw", "sgd")
 AGGREGATION_WEIGHTS = ("samples", "uniform")
 DRIFT_CORRECTIONS = ("none", "scaffold")
+EPOCH_SIZES = ("own-data", "equal-share")
 SERVER_OPTIMIZERS = ("fedavg", "fedadam")
 # The paper's local recipe, which the defaults were until SCAFFOLD replaced it (README,
 # "Quantity skew"): presets that reproduce the paper, and tests of its claims, pin it.
 RECIPE: dict[str, Any] = {"local-optimizer": "adamw", "learning-rate": 0.01,
-                          "drift-correction": "none"}
+                          "drift-correction": "none", "epoch-size": "own-data"}
 
 
 class ConfigError(ValueError):
@@ -38,8 +39,9 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class RunConfig:
     """Every knob of a run. Defaults: the paper's main setting, except the local step: SGD
-    with SCAFFOLD's drift correction instead of AdamW (`RECIPE`), which holds OvA-LP's
-    accuracy where label skew meets quantity skew (README, "Quantity skew")."""
+    with SCAFFOLD's drift correction instead of AdamW, and the same number of steps for every
+    client (`RECIPE` is the paper's), which hold OvA-LP's accuracy where label skew meets
+    quantity skew (README, "Quantity skew")."""
 
     dataset: str = "digits"
     encoder: str = "efficientnet-lite0"
@@ -63,6 +65,9 @@ class RunConfig:
     # variants for quantity-skewed label partitions (README, "Quantity skew")
     local_optimizer: str = "sgd"
     local_steps: int = 0  # > 0: exactly this many local steps per round instead of epochs
+    # one local epoch: a pass over the client's own data (the paper), or as many batches as an
+    # equal share of the federation's data holds, the same for every client (server-computed)
+    epoch_size: str = "equal-share"
     aggregation_weights: str = "samples"
     drift_correction: str = "scaffold"
     server_optimizer: str = "fedavg"
@@ -111,6 +116,7 @@ class RunConfig:
         _one_of("local-optimizer", self.local_optimizer, LOCAL_OPTIMIZERS)
         _one_of("aggregation-weights", self.aggregation_weights, AGGREGATION_WEIGHTS)
         _one_of("drift-correction", self.drift_correction, DRIFT_CORRECTIONS)
+        _one_of("epoch-size", self.epoch_size, EPOCH_SIZES)
         _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         if self.drift_correction == "scaffold" and self.local_optimizer != "sgd":
             raise ConfigError("drift-correction", self.drift_correction,

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from logging import INFO, WARNING
@@ -52,11 +53,12 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
 
     # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
     digest_config = {p.NORM_DIGEST: stats.digest()} if stats else {}
+    steps = equal_share_steps(config, clients)
     strategy = make_strategy(
         config,
         node_order=by_partition(clients),
         admit=late_admitter(cache, stats, clients),
-        extra_train_config=digest_config,
+        extra_train_config={**digest_config, **({p.LOCAL_STEPS: steps} if steps else {})},
     )
     evaluator = CentralEvaluator(cache, config, stats)
     initial = build_head(cache.train.x.shape[1], cache.num_classes, config.seed)
@@ -70,6 +72,7 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     )
     summary = _summary(config, result, strategy, evaluator, partition, cache, stats)
     summary["label_noise"] = label_noise_summary(config, clients)
+    summary["local_steps"] = config.local_steps or steps or None  # None: epochs of own data
     summary["total_seconds"] = time.time() - started
     run_name = config.run_name or default_run_name(config.to_dict())
     out = write_run(resolve_path(config.results_dir), run_name, summary)
@@ -97,6 +100,20 @@ class CentralEvaluator:
         self.done_at[server_round] = time.perf_counter()
         self.seconds[server_round] = self.done_at[server_round] - start
         return MetricRecord({p.ACCURACY: acc})
+
+
+def equal_share_steps(config: RunConfig, clients: dict[int, dict]) -> int:
+    """Local steps for every client under epoch-size = "equal-share": `local-epochs` passes
+    over an equal share of the federation's data (its samples at the start over
+    num-partitions), in batches. Clients of unequal size then take the same number of steps,
+    as SCAFFOLD's analysis assumes; on equal-size partitions nothing changes. 0 when the
+    run's steps come from elsewhere (`local-steps`, or epochs of each client's own data)."""
+    if config.epoch_size != "equal-share" or config.local_steps:
+        return 0
+    share = sum(int(c[p.NUM_EXAMPLES]) for c in clients.values()) / num_partitions(clients)
+    steps = config.local_epochs * max(1, math.ceil(share / config.batch_size))
+    log(INFO, "epoch-size equal-share: every client takes %s local steps per round", steps)
+    return steps
 
 
 def make_strategy(config: RunConfig, **wiring) -> Staged:

@@ -49,7 +49,8 @@ NOT_PART_OF_THE_RESULT = {"run-name", "results-dir", "feature-cache-dir", "data-
 # until then every run took the paper's local recipe (the defaults have moved since).
 BEFORE_THE_KEY: dict[str, Any] = {"local-optimizer": "adamw", "local-steps": 0,
                                   "aggregation-weights": "samples", "drift-correction": "none",
-                                  "server-optimizer": "fedavg", "server-learning-rate": 0.1}
+                                  "server-optimizer": "fedavg", "server-learning-rate": 0.1,
+                                  "epoch-size": "own-data"}
 
 
 class PresetError(ValueError):

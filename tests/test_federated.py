@@ -199,3 +199,26 @@ def test_the_default_scaffold_holds_accuracy_where_quantity_and_label_skew_break
     assert [r["drift_correction"] for r in corrected["rounds"]][:3] == [False, False, True]
     assert all(r["bytes_sent_per_client"] > 1.9 * recipe["rounds"][-1]["bytes_sent_per_client"]
                for r in corrected["rounds"][2:])
+
+
+def test_equal_share_epochs_give_every_client_the_same_steps(cache_dir, tmp_path, monkeypatch):
+    """Zipf on 20 clients: 1437 samples, an equal share is 72, so 3 epochs are 3 x 2 steps."""
+    from ovalp_flwr import client
+
+    steps: dict[str, list[int]] = {"default": [], "recipe": []}
+    original = client.train_local
+
+    def spy(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if result.num_examples:
+            steps[current].append(result.steps)
+        return result
+
+    monkeypatch.setattr(client, "train_local", spy)
+    current = "default"
+    shared = run(cache_dir, tmp_path, partition="zipf", **{"num-server-rounds": 2})
+    current = "recipe"
+    own = run(cache_dir, tmp_path, partition="zipf", **{"num-server-rounds": 2}, **RECIPE)
+    assert shared["local_steps"] == 6 and set(steps["default"]) == {6}
+    assert own["local_steps"] is None and len(set(steps["recipe"])) > 2  # 3 x ceil(n_i / 50)
+    assert max(steps["recipe"]) > 6 * 5  # the biggest client took many more

@@ -138,7 +138,7 @@ def test_a_summary_from_before_a_key_existed_ran_what_came_before_it():
 
     recipe = RunSpec(0, (("method", "m"),), {"dataset": "digits", "seed": 0, **RECIPE})
     new_keys = {"local-optimizer", "local-steps", "aggregation-weights", "drift-correction",
-                "server-optimizer", "server-learning-rate"}
+                "server-optimizer", "server-learning-rate", "epoch-size"}
     older = {k: v for k, v in RunConfig(seed=0).to_dict().items() if k not in new_keys}
     older["learning-rate"] = 0.01
     assert config_mismatch(recipe, older) is None
