@@ -90,10 +90,6 @@ class Deployment:
     def secure(self) -> bool:
         return self.certs is not None
 
-    @property
-    def supernodes(self) -> list[subprocess.Popen]:
-        return [node.supernode for node in self.nodes]
-
     def processes(self) -> list[subprocess.Popen]:
         """Every process, in start order (stop them in reverse)."""
         server = [self.superlink, *([self.server_runtime] if self.server_runtime else [])]
