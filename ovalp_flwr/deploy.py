@@ -216,10 +216,11 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
     flwr_home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = flwr_home / "deploy" / "superlink.log"
-    certs = None
+    certs = ca_cert = None
     if secure:
         certs = flwr_home / "certs"
         certs_module.make_all(certs, num_supernodes)
+        ca_cert = certs / certs_module.CA_CERT
     superlink = _start(superlink_command(port, isolation, certs, flwr_home / "deploy" / "state.db"),
                        log, flwr_home, cwd)
     deployment = Deployment(f"127.0.0.1:{port}", flwr_home, superlink, isolation, certs=certs)
@@ -227,11 +228,10 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
         _wait_for_port(port, superlink, log)
         if isolation == "process":
             deployment.server_runtime = _start(
-                runtime_command(deployment.address, certs / certs_module.CA_CERT if certs else None),
+                runtime_command(deployment.address, ca_cert),
                 flwr_home / "deploy" / "serverapp.log", flwr_home, cwd)
         # the connection first: `flwr supernode register` (secure) goes through it
-        write_connection(flwr_home, CONNECTION, deployment.address,
-                         certs / certs_module.CA_CERT if certs is not None else None)
+        write_connection(flwr_home, CONNECTION, deployment.address, ca_cert)
         for i in range(num_supernodes):
             start_supernode(deployment, i, num_partitions or num_supernodes, node_dir, cwd)
         yield deployment
