@@ -4,6 +4,8 @@
   method and seed, round by round.
 - Acc@95: the first round whose accuracy reaches 95% of the run's *final* accuracy (so a run
   that peaks early and then falls reaches it early; a run still climbing reaches it late).
+- Rounds to a target: the first round whose accuracy reaches a fixed accuracy, the same bar
+  for every method (Acc@95's bar moves with each run's own final accuracy).
 - Cost to a round: summed client training time, server time (aggregation + evaluation) and
   bytes moved (both directions, all clients), as in the paper's appendix tables.
 """
@@ -34,6 +36,11 @@ def acc_at(curve: Sequence[float], fraction: float = ACC_AT_FRACTION) -> int | N
         return None
     target = fraction * curve[-1]
     return next(t for t, acc in enumerate(curve, 1) if acc >= target)
+
+
+def rounds_to(curve: Sequence[float], target: float) -> int | None:
+    """First round (1-based) with accuracy >= target (a fraction); None if no round reaches it."""
+    return next((t for t, acc in enumerate(curve, 1) if acc >= target), None)
 
 
 def cost_to_round(summary: dict[str, Any], last_round: int) -> dict[str, float]:

@@ -7,6 +7,7 @@ can be made while a sweep is still going. Numbers are mean ± std over the seeds
 - R(t) = Acc_nonIID(t) / Acc_IID(t) x 100, each non-IID run against the IID run with the same
   other choices and seed (`RunSpec.reference()`), then averaged over seeds;
 - Acc@95 and the costs summed over rounds 1..Acc@95 (`ovalp_flwr.metrics`);
+- with `target-accuracy` in the preset, the round each run first reaches that accuracy;
 - with a `noise` axis, the decline rate against the noise-free run of the same choices and seed.
 
     python -m ovalp_flwr.report conf/tinyimagenet-ablation.toml --seeds 0 42
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ovalp_flwr.durable import write_durably
-from ovalp_flwr.metrics import acc_at, accuracy_curve, cost_to_round, relative_curve
+from ovalp_flwr.metrics import acc_at, accuracy_curve, cost_to_round, relative_curve, rounds_to
 from ovalp_flwr.results import read_summary
 from ovalp_flwr.sweep import (REFERENCE_AXIS, REFERENCE_CHOICE, Preset, PresetError, RunSpec,
                               config_mismatch, load_preset, select)
@@ -215,8 +216,12 @@ def rnd(x: float) -> str:
     return f"{x:.1f}"
 
 
+Metric = tuple[str, Callable[[RunResult], float | None], Callable[[float], str]]
+TARGET = "rounds_to_target"
+NEVER = "never"
+
 # metric name -> (column title, value of a run, format); the main table and table.csv
-METRICS: dict[str, tuple[str, Callable[[RunResult], float | None], Callable[[float], str]]] = {
+METRICS: dict[str, Metric] = {
     "final": ("Final acc. (%)", lambda r: 100 * r.final, pct),
     "best": ("Best acc. (%)", lambda r: 100 * r.best, pct),
     "r_final": ("R(final) (%)", lambda r: r.r_final, pct),
@@ -227,8 +232,24 @@ METRICS: dict[str, tuple[str, Callable[[RunResult], float | None], Callable[[flo
 }
 
 
-def cell_stat(runs: Sequence[RunResult], metric: str) -> Stat:
-    return stat([METRICS[metric][1](r) for r in runs])
+def metrics(preset: Preset) -> dict[str, Metric]:
+    """METRICS, and the round to the preset's target accuracy when it names one."""
+    target = preset.target_accuracy
+    if target is None:
+        return METRICS
+    return {**METRICS, TARGET: (f"Round to {100 * target:g}%",
+                                lambda r: rounds_to(r.curve, target), rnd)}
+
+
+def cell_stat(runs: Sequence[RunResult], metric: Metric) -> Stat:
+    return stat([metric[1](r) for r in runs])
+
+
+def cell_text(runs: Sequence[RunResult], name: str, metric: Metric) -> str:
+    """The cell as shown; "never" where no run reached the target accuracy."""
+    if name == TARGET and runs and cell_stat(runs, metric).n == 0:
+        return NEVER
+    return cell_stat(runs, metric).text(metric[2], len(runs))
 
 
 # ---------------------------------------------------------------- Markdown
@@ -242,15 +263,16 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric_from
 
 
 def main_table(preset: Preset, cells: dict[Choices, list[RunResult]]) -> str:
-    headers = [*preset.axes, *(head for head, _, _ in METRICS.values()), "Seeds"]
+    columns = metrics(preset)
+    headers = [*preset.axes, *(head for head, _, _ in columns.values()), "Seeds"]
     rows = []
     for choices in combos(preset):
         runs = cells.get(choices, [])
         row = [c for _, c in choices]
-        for metric, (_, _, fmt) in METRICS.items():
-            is_reference = metric == "r_final" and dict(choices).get(REFERENCE_AXIS) in (
+        for name, metric in columns.items():
+            is_reference = name == "r_final" and dict(choices).get(REFERENCE_AXIS) in (
                 REFERENCE_CHOICE, None)
-            row.append("" if is_reference else cell_stat(runs, metric).text(fmt, len(runs)))
+            row.append("" if is_reference else cell_text(runs, name, metric))
         rows.append([*row, str(len(runs))])
     return md_table(headers, rows, len(preset.axes))
 
@@ -260,7 +282,7 @@ def pivots(preset: Preset, cells: dict[Choices, list[RunResult]], metric: str,
     """Rows = methods, columns = partitions; one pivot per combination of any other axes."""
     partitions = [p for p in preset.axes[REFERENCE_AXIS] if include_iid or p != REFERENCE_CHOICE]
     others = [a for a in preset.axes if a not in (METHOD_AXIS, REFERENCE_AXIS)]
-    fmt = METRICS[metric][2]
+    column = metrics(preset)[metric]
     blocks = []
     for rest in dict.fromkeys(without(c, (METHOD_AXIS, REFERENCE_AXIS)) for c in combos(preset)):
         rows = []
@@ -269,7 +291,7 @@ def pivots(preset: Preset, cells: dict[Choices, list[RunResult]], metric: str,
             for partition in partitions:
                 choices = {**dict(rest), METHOD_AXIS: method, REFERENCE_AXIS: partition}
                 runs = cells.get(tuple((a, choices[a]) for a in preset.axes), [])
-                row.append(cell_stat(runs, metric).text(fmt, len(runs)))
+                row.append(cell_text(runs, metric, column))
             rows.append(row)
         heading = f"{title(rest)}\n\n" if others else ""
         blocks.append(heading + md_table(["method", *partitions], rows, 1))
@@ -330,13 +352,24 @@ DEFINITIONS = """\
   trained client in a round, summed over rounds; server seconds = aggregation + evaluation;
   MB = 10^6 bytes moved both ways (server -> sampled clients, trained clients -> server).
 - Cells are mean ± std over seeds (std with ddof=1; "—" with one seed); `(n=k)` marks a cell
-  where only k runs had their paired run.
+  where only k runs have a value (R: the others lack their paired run; round to a target: the
+  others never reach it, and "never" means no run does).
+"""
+
+TARGET_DEFINITION = """\
+- **Round to {target}%** = the first round whose test accuracy reaches {target}%, the same bar
+  for every method and partition (the preset's `target-accuracy`).
 """
 
 NOISE_DEFINITION = """\
 - **Decline rate** = (Acc_clean - Acc_noisy) / Acc_clean x 100, final accuracies, against the
   `noise = none` run of the same other choices and seed.
 """
+
+
+def target_definition(preset: Preset) -> str:
+    target = preset.target_accuracy
+    return "" if target is None else TARGET_DEFINITION.format(target=f"{100 * target:g}")
 
 
 def markdown(preset: Preset, runs: list[RunResult], missing: list[tuple[str, str]],
@@ -346,13 +379,16 @@ def markdown(preset: Preset, runs: list[RunResult], missing: list[tuple[str, str
     parts = [f"# {preset.name}\n\n{preset.description}\n",
              f"Made by `{command}` from `{results_dir}`: {len(runs)} of {total} runs found.\n\n"
              f"{coverage(preset, cells, seeds)}\n",
-             "## Definitions\n\n" + DEFINITIONS + (NOISE_DEFINITION if NOISE_AXIS in preset.axes
-                                                   else ""),
+             "## Definitions\n\n" + DEFINITIONS + target_definition(preset)
+             + (NOISE_DEFINITION if NOISE_AXIS in preset.axes else ""),
              "## All cells\n\n" + main_table(preset, cells)]
     if METHOD_AXIS in preset.axes and REFERENCE_AXIS in preset.axes:
         if set(preset.axes[REFERENCE_AXIS]) - {REFERENCE_CHOICE}:  # some R to show
             parts.append("## Ablation: R(final) (%)\n\n" + pivots(preset, cells, "r_final", False))
         parts.append("## Ablation: final accuracy (%)\n\n" + pivots(preset, cells, "final", True))
+        if preset.target_accuracy is not None:
+            parts.append(f"## Ablation: {metrics(preset)[TARGET][0].lower()}\n\n"
+                         + pivots(preset, cells, TARGET, True))
     if NOISE_AXIS in preset.axes:
         parts.append("## Label noise\n\n" + noise_tables(preset, runs))
     parts.append("## Plots\n\n" + "".join(f"![{p}]({p})\n" for p in plots))
@@ -377,28 +413,31 @@ def to_csv(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def runs_csv(preset: Preset, runs: Sequence[RunResult]) -> str:
     """Percent for accuracies, R and rates; the extra noise columns only with a noise axis."""
-    noise = NOISE_AXIS in preset.axes
+    noise, target = NOISE_AXIS in preset.axes, preset.target_accuracy
     headers = ["preset", "run", "seed", *preset.axes, "final_pct", "best_pct", "r_final_pct",
                "acc_at_95", "client_seconds", "server_seconds", "megabytes",
-               *(["decline_pct", "realised_noise_pct"] if noise else [])]
+               *(["decline_pct", "realised_noise_pct"] if noise else []),
+               *([TARGET] if target is not None else [])]
     rows = []
     for r in runs:
         realised = None if r.realised_noise is None else 100 * r.realised_noise
         rows.append([preset.name, r.spec.name, r.spec.seed, *(c for _, c in r.spec.choices),
                      100 * r.final, 100 * r.best, r.r_final, r.acc95, r.costs["client_seconds"],
                      r.costs["server_seconds"], r.costs["bytes"] / 1e6,
-                     *([r.decline, realised] if noise else [])])
+                     *([r.decline, realised] if noise else []),
+                     *([rounds_to(r.curve, target)] if target is not None else [])])
     return to_csv(headers, rows)
 
 
 def table_csv(preset: Preset, runs: Sequence[RunResult]) -> str:
     cells = by_cell(runs)
-    headers = [*preset.axes, *(f"{m}_{s}" for m in METRICS for s in ("mean", "std")), "seeds"]
+    columns = metrics(preset)
+    headers = [*preset.axes, *(f"{m}_{s}" for m in columns for s in ("mean", "std")), "seeds"]
     rows = []
     for choices in combos(preset):
         members = cells.get(choices, [])
         values: list[Any] = []
-        for metric in METRICS:
+        for metric in columns.values():
             s = cell_stat(members, metric)
             values += [s.mean, s.std]
         rows.append([*(c for _, c in choices), *values, len(members)])

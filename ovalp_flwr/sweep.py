@@ -41,7 +41,7 @@ from ovalp_flwr.results import read_summary
 
 PAPER_SEEDS = (0, 42, 777, 1337, 15254)
 REFERENCE_AXIS, REFERENCE_CHOICE = "partition", "iid"
-PRESET_KEYS = {"description", "num-supernodes", "seeds"}
+PRESET_KEYS = {"description", "num-supernodes", "seeds", "target-accuracy"}
 RUN_KEYS_SET_BY_SWEEP = {"seed", "run-name", "results-dir"}
 NOT_PART_OF_THE_RESULT = {"run-name", "results-dir", "feature-cache-dir", "data-dir", "device"}
 
@@ -89,6 +89,7 @@ class Preset:
     seeds: tuple[int, ...]
     config: dict[str, Any]
     axes: dict[str, dict[str, dict[str, Any]]]
+    target_accuracy: float | None = None  # reports add "rounds to this accuracy" (a fraction)
 
     def runs(self, seeds: Sequence[int] | None = None) -> list[RunSpec]:
         """Every run, seed-major (all of seed 0 first, so an early stop leaves whole seeds)."""
@@ -129,11 +130,17 @@ def load_preset(path: Path) -> Preset:
     if not isinstance(num_supernodes, int) or num_supernodes < 1:
         raise PresetError(f"preset {path}: num-supernodes={num_supernodes!r} is not allowed; "
                           "use an integer >= 1")
+    target = head.get("target-accuracy")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
+                               or not 0 < target <= 1):
+        raise PresetError(f"preset {path}: target-accuracy={target!r} is not allowed; "
+                          "use a fraction in (0, 1], e.g. 0.6")
     axes = raw.get("axes", {})
     if not axes or not all(isinstance(c, dict) and c for c in axes.values()):
         raise PresetError(f"preset {path}: needs [axes.<name>] tables with at least one choice")
     preset = Preset(Path(path).stem, Path(path), head.get("description", ""), num_supernodes,
-                    seeds, dict(raw.get("config", {})), {a: dict(c) for a, c in axes.items()})
+                    seeds, dict(raw.get("config", {})), {a: dict(c) for a, c in axes.items()},
+                    None if target is None else float(target))
     for spec in preset.runs(seeds[:1]):
         _check(preset, spec)
     return preset

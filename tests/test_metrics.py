@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ovalp_flwr.metrics import acc_at, accuracy_curve, cost_to_round, relative_curve
+from ovalp_flwr.metrics import acc_at, accuracy_curve, cost_to_round, relative_curve, rounds_to
 
 
 def summary(curve, **fields):
@@ -16,6 +16,13 @@ def test_relative_curve_is_percent_of_iid_round_by_round():
     assert math.isnan(relative_curve([0.1], [0.0])[0])
     with pytest.raises(ValueError, match="one length"):
         relative_curve([0.1], [0.1, 0.2])
+
+
+def test_rounds_to_a_fixed_target_is_the_first_round_at_or_above_it():
+    assert rounds_to([0.1, 0.5, 0.6, 0.4], 0.6) == 3
+    assert rounds_to([0.7, 0.2], 0.6) == 1  # a later fall does not matter
+    assert rounds_to([0.1, 0.59], 0.6) is None  # never reached
+    assert rounds_to([], 0.6) is None
 
 
 def test_acc_at_95_is_the_first_round_reaching_95_percent_of_the_final_accuracy():

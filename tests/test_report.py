@@ -137,6 +137,41 @@ def test_ablation_pivots_rows_methods_columns_partitions(ablation, tmp_path):
     assert "| b | 85.00 ± 7.07 | 72.00 ± — |" in acc_pivot
 
 
+def test_round_to_a_target_accuracy_by_hand(tmp_path):
+    preset = write_preset(tmp_path, ABLATION.replace("seeds = [0, 1]",
+                                                     "seeds = [0, 1]\ntarget-accuracy = 0.6"),
+                          "tiny-target")
+    for name, curve in ABLATION_CURVES.items():
+        fabricate(preset, tmp_path / "results", name, curve)
+    out = report(tmp_path, preset)
+    text = (out / "report.md").read_text()
+    assert "**Round to 60%** = the first round" in text
+    # a-iid reaches 0.6 in rounds 2 and 1; a-shard-1 only with seed 1 (round 2); b-shard-1 round 2
+    pivot = text.split("## Ablation: round to 60%")[1].split("##")[0]
+    assert "| a | 1.5 ± 0.7 | 2.0 ± — (n=1) |" in pivot
+    assert "| b | 1.0 ± 0.0 | 2.0 ± — |" in pivot
+    assert "| a | shard-1 | 50.00 ± 14.14 |" in text and "| 2.0 ± — (n=1) | 2 |" in text
+    rows = rows_of(out / "runs.csv")
+    assert rows["a-shard-1-seed0"]["rounds_to_target"] == ""
+    assert rows["a-shard-1-seed1"]["rounds_to_target"] == "2"
+    assert float(rows_of(out / "table.csv")["a-iid"]["rounds_to_target_mean"]) == 1.5
+
+    never = write_preset(tmp_path, ABLATION.replace("seeds = [0, 1]",
+                                                    "seeds = [0, 1]\ntarget-accuracy = 0.95"),
+                         "tiny-never")
+    for name, curve in ABLATION_CURVES.items():
+        fabricate(never, tmp_path / "results", name, curve)
+    pivot = (report(tmp_path, never) / "report.md").read_text().split(
+        "## Ablation: round to 95%")[1].split("##")[0]
+    assert "| a | 3.0 ± — (n=1) | never |" in pivot and "| b | never | never |" in pivot
+
+
+def test_no_target_accuracy_no_column(ablation, tmp_path):
+    out = report(tmp_path, ablation)
+    assert "Round to" not in (out / "report.md").read_text()
+    assert "rounds_to_target" not in (out / "runs.csv").read_text()
+
+
 def test_missing_and_stale_runs_are_listed_not_fatal(ablation, tmp_path):
     fabricate(ablation, tmp_path / "results", "b-shard-1-seed1", [0.5] * 4,
               **{"num-server-rounds": 9})  # run with another config: does not count

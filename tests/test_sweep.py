@@ -84,6 +84,8 @@ def test_only_keeps_matching_runs_and_names_the_axes_on_a_typo(tmp_path):
     (("[config]", "[config]\nseed = 3"), "seed is set by the sweep"),
     (("num-supernodes = 10", "num-supernodes = 0"), "num-supernodes=0 is not allowed"),
     (("[preset]", "[preset]\nrounds = 3"), "key 'rounds' is not allowed"),
+    (("[preset]", "[preset]\ntarget-accuracy = 60"), "target-accuracy=60 is not allowed"),
+    (("[preset]", "[preset]\ntarget-accuracy = '0.6'"), "target-accuracy='0.6' is not allowed"),
 ])
 def test_bad_presets_fail_before_anything_runs_with_one_line(tmp_path, change, match):
     with pytest.raises(PresetError, match=match):
