@@ -47,6 +47,7 @@ from ovalp_flwr.launch import (
     flwr_args_after_dashes,
     free_port,
     report_result,
+    sigterm_unwinds,
     stop_group,
     stream_flwr_run,
     write_connection,
@@ -259,9 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(default); subprocess: SuperLink and SuperNodes start the apps")
     args, flwr_args = flwr_args_after_dashes(parser, list(argv) if argv is not None else None)
     started = time.monotonic()
-    with local_deployment(args.num_supernodes, args.flwr_home.resolve(), args.node_dir,
-                          args.app.resolve(), secure=args.tls,
-                          isolation=args.isolation) as deployment:
+    with sigterm_unwinds(), local_deployment(args.num_supernodes, args.flwr_home.resolve(),
+                                             args.node_dir, args.app.resolve(), secure=args.tls,
+                                             isolation=args.isolation) as deployment:
         code, final_line = run_app(deployment, args.app.resolve(), flwr_args)
     print(f"deployment of {args.num_supernodes} SuperNodes ({args.isolation} isolation"
           f"{', TLS + node auth' if args.tls else ''}): "

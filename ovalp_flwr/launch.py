@@ -208,9 +208,26 @@ def flwr_args_after_dashes(parser: argparse.ArgumentParser, argv: list[str] | No
     flwr_args = args.flwr_args[1:] if args.flwr_args[:1] == ["--"] else args.flwr_args
     if args.num_supernodes < 1:
         parser.error(f"--num-supernodes={args.num_supernodes} is not allowed; use 1 or more")
-    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so everything started is stopped too
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     return args, flwr_args
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    sys.exit(128 + signum)
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While the block runs, SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so every
+    process started in it is stopped on the way out. A handler someone else installed (a
+    test session's) is left alone; the default comes back afterwards."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _has_cuda() -> bool:
@@ -227,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app", type=Path, default=PROJECT)
     parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr")
     args, flwr_args = flwr_args_after_dashes(parser, argv)
-    return simulate(args.app.resolve(), args.num_supernodes, flwr_args, args.flwr_home.resolve(),
-                    args.num_gpus)
+    with sigterm_unwinds():
+        return simulate(args.app.resolve(), args.num_supernodes, flwr_args,
+                        args.flwr_home.resolve(), args.num_gpus)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
-import signal
 import sys
 import time
 import tomllib
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.launch import sigterm_unwinds
 from ovalp_flwr.results import read_summary
 
 PAPER_SEEDS = (0, 42, 777, 1337, 15254)
@@ -274,9 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for spec in specs:
             print(f"{'done' if is_done(preset, spec, root) else 'todo'}  {spec.name}")
         return 0
-    # SIGTERM unwinds like Ctrl-C, so the running simulation's processes are stopped too
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    failed = sweep(preset, specs, root, args.runner)
+    with sigterm_unwinds():  # the running simulation's processes are stopped too
+        failed = sweep(preset, specs, root, args.runner)
     if failed:
         print(f"{len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
