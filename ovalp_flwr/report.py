@@ -247,9 +247,10 @@ def cell_stat(runs: Sequence[RunResult], metric: Metric) -> Stat:
 
 def cell_text(runs: Sequence[RunResult], name: str, metric: Metric) -> str:
     """The cell as shown; "never" where no run reached the target accuracy."""
-    if name == TARGET and runs and cell_stat(runs, metric).n == 0:
+    values = cell_stat(runs, metric)
+    if name == TARGET and runs and values.n == 0:
         return NEVER
-    return cell_stat(runs, metric).text(metric[2], len(runs))
+    return values.text(metric[2], len(runs))
 
 
 # ---------------------------------------------------------------- Markdown
