@@ -6,6 +6,7 @@ device; a round is then a few SGD (or AdamW) steps on a slice of memory.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -15,12 +16,15 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from ovalp_flwr import protocol as p
 from ovalp_flwr.client_data import NodeRows, feature_source, node_rows, noise_spec, partition_spec
 from ovalp_flwr.config import RunConfig
+from ovalp_flwr.head_init.statistics import KINDS, ClassStatistics
 from ovalp_flwr.heads import accuracy, head_from_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
 from ovalp_flwr.devices import resolve_device
 from ovalp_flwr.training import LocalSchedule, shuffle_generator, train_local
 
-_ON_DEVICE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+# run -> partition id -> (features, labels). One run's rows at a time: a process that serves
+# many runs (a sweep in process, a Ray worker) would otherwise keep a training split per run.
+_ON_DEVICE: dict[tuple, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
 def node_partition(context: Context) -> tuple[int, int]:
@@ -37,7 +41,8 @@ def node_partition(context: Context) -> tuple[int, int]:
 def describe(msg: Message, context: Context) -> Message:
     """Who this client is, how many samples it has, which feature space its cache is in, and
     (if the normalisation needs them) its feature moments. A node with its own data builds its
-    cache here, on the run's first message."""
+    cache here, on the run's first message. If the server asks (a start from statistics under a
+    normalisation that needs no global statistics), its class statistics too."""
     config = RunConfig.from_mapping(context.run_config)
     partition_id, num_partitions = node_partition(context)
     rows = _rows(config, context)
@@ -52,13 +57,35 @@ def describe(msg: Message, context: Context) -> Message:
     if NEEDS_STATS[config.feature_norm] and len(rows.labels):
         moments = FeatureMoments.of(per_sample(config.feature_norm, rows.features))
         content[p.MOMENTS] = p.to_record({"sum": moments.total, "sum-sq": moments.total_sq})
+    _add_statistics(content, config, context, msg.content[p.CONFIG], digest="")
     return Message(content=content, reply_to=msg)
 
 
 def set_norm(msg: Message, context: Context) -> Message:
-    """Keep the global statistics in the node's state for the rest of the run."""
+    """Keep the global statistics in the node's state for the rest of the run; send the class
+    statistics of the normalised features if the server asks for them."""
     context.state[p.NORM_STATE] = msg.content[p.NORM]
-    return Message(content=RecordDict({p.METRICS: MetricRecord({"stored": 1})}), reply_to=msg)
+    content = RecordDict({p.METRICS: MetricRecord({"stored": 1})})
+    request = msg.content.config_records.get(p.CONFIG, ConfigRecord())
+    digest = NormStats(**p.from_record(msg.content[p.NORM])).digest()
+    _add_statistics(content, RunConfig.from_mapping(context.run_config), context, request, digest)
+    return Message(content=content, reply_to=msg)
+
+
+def _add_statistics(content: RecordDict, config: RunConfig, context: Context,
+                    request: Mapping, digest: str) -> None:
+    """Per-class counts and sums of the normalised features (and their Gram matrix), if asked
+    for; a client without data sends none."""
+    kind = str(request.get(p.STATISTICS_KIND, "none"))
+    if kind not in KINDS:
+        raise ValueError(f"{p.STATISTICS_KIND}={kind!r} is not allowed; the server asks for one "
+                         f"of: {', '.join(KINDS)}")
+    if kind == "none":
+        return
+    features, labels = _device_rows(config, context, digest)
+    if len(labels):
+        stats = ClassStatistics.of(features, labels, int(request[p.NUM_CLASSES]), kind == "gram")
+        content[p.STATISTICS] = p.to_record(stats.to_arrays())
 
 
 def train(msg: Message, context: Context) -> Message:
@@ -73,7 +100,7 @@ def train(msg: Message, context: Context) -> Message:
         p.from_record(msg.content[p.ARRAYS]), features, labels,
         head_type=config.head,
         stage=int(round_config[p.STAGE]),
-        schedule=local_schedule(config, round_config),
+        schedule=local_schedule(config, round_config, len(labels)),
         generator=shuffle_generator(config.seed, server_round, partition_id),
         gradient_offset=None if correction is None else p.from_record(correction),
     )
@@ -87,11 +114,17 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-def local_schedule(config: RunConfig, round_config: Mapping | None = None) -> LocalSchedule:
+def local_schedule(config: RunConfig, round_config: Mapping | None = None,
+                   num_examples: int = 0) -> LocalSchedule:
     """The run's local optimiser; the steps come from `local-steps`, else from the server
-    (epoch-size = "equal-share": the same for every client), else from the client's epochs."""
+    (epoch-size "equal-share" or "own-data-equal-steps": the same for every client), else from
+    the client's epochs. Under "own-data-equal-steps" a client bigger than an equal share takes
+    bigger batches, so that its epochs still pass over all of its data."""
     steps = config.local_steps or int((round_config or {}).get(p.LOCAL_STEPS, 0))
-    return LocalSchedule(config.local_epochs, config.batch_size, config.learning_rate,
+    batch = config.batch_size
+    if config.epoch_size == "own-data-equal-steps" and steps and not config.local_steps:
+        batch = max(batch, math.ceil(num_examples * config.local_epochs / steps))
+    return LocalSchedule(config.local_epochs, batch, config.learning_rate,
                          config.weight_decay, config.local_optimizer, steps)
 
 
@@ -131,9 +164,13 @@ def _rows(config: RunConfig, context: Context) -> NodeRows:
 def _device_rows(config: RunConfig, context: Context, digest: str) -> tuple[torch.Tensor, torch.Tensor]:
     """This client's normalised features and labels on its device, built once per process."""
     partition_id, num_partitions = node_partition(context)
-    key = (feature_source(config, context.node_config), partition_spec(config),
-           noise_spec(config), config.feature_norm, config.device, partition_id, num_partitions, digest)
-    if key not in _ON_DEVICE:
+    run = (feature_source(config, context.node_config), partition_spec(config),
+           noise_spec(config), config.feature_norm, config.device, num_partitions, digest)
+    if run not in _ON_DEVICE:
+        _ON_DEVICE.clear()
+        _ON_DEVICE[run] = {}
+    on_device = _ON_DEVICE[run]
+    if partition_id not in on_device:
         stats = _stored_stats(context, digest)
         rows = _rows(config, context)
         device = resolve_device(config.device)
@@ -143,6 +180,6 @@ def _device_rows(config: RunConfig, context: Context, digest: str) -> tuple[torc
             torch.set_num_threads(1)
         features = normalize(config.feature_norm, rows.features, stats) if len(rows.labels) \
             else rows.features
-        _ON_DEVICE[key] = (torch.from_numpy(np.ascontiguousarray(features)).to(device),
-                           torch.from_numpy(rows.labels.astype(np.int64)).to(device))
-    return _ON_DEVICE[key]
+        on_device[partition_id] = (torch.from_numpy(np.ascontiguousarray(features)).to(device),
+                                   torch.from_numpy(rows.labels.astype(np.int64)).to(device))
+    return on_device[partition_id]

@@ -65,7 +65,9 @@ class IndexPartitioner(Partitioner):
     def all_indices(self) -> list[np.ndarray]:
         """Sorted int64 row indices (positions in `.dataset`) of every client."""
         if self._indices is None:
-            labels = np.asarray(self.dataset.with_format("numpy")["label"])
+            # `[:]`: datasets 4 returns a lazy Column, which np.asarray would read row by row
+            # (7 s for 50,000 labels instead of milliseconds)
+            labels = np.asarray(self.dataset.with_format("numpy")["label"][:])
             parts = self._split(labels, np.random.default_rng(self._seed))
             self._indices = [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
         return self._indices
@@ -85,7 +87,7 @@ class SeededIidPartitioner(IndexPartitioner):
     def _split(self, labels: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
         inner = IidPartitioner(self.num_partitions)
         inner.dataset = Dataset.from_dict({"row": np.arange(len(labels))}).shuffle(seed=self._seed)
-        return [np.asarray(inner.load_partition(i)["row"]) for i in range(self.num_partitions)]
+        return [np.asarray(inner.load_partition(i)["row"][:]) for i in range(self.num_partitions)]
 
 
 class ClassShardPartitioner(IndexPartitioner):

@@ -3,7 +3,9 @@
 A run is: one `query.describe` to every client (who is there, how much data, and the
 feature moments if the normalisation needs global statistics), one `query.set_norm`
 that gives every client the global mean/std, then the FedAvg rounds (`train`, and
-`evaluate` if fraction-evaluate > 0).
+`evaluate` if fraction-evaluate > 0). When the heads start from statistics, the last set-up
+message (`set_norm`, or `describe` if the normalisation needs no global statistics) asks
+for them (`STATISTICS_KIND`) and the reply carries them (`STATISTICS`): no extra exchange.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ CONFIG = "config"
 METRICS = "metrics"
 MOMENTS = "moments"
 NORM = "norm"
+STATISTICS = "statistics"  # a client's class sums (and Gram matrix): head_init.statistics
 CORRECTION = "correction"  # SCAFFOLD's c - c_i for this client, added to its local gradients
 
 NUM_EXAMPLES = "num-examples"
@@ -33,6 +36,8 @@ STAGE = "stage"
 NORM_DIGEST = "norm-digest"
 OWN_DATA = "own-data"  # 1: the node reads its own data dir / cache dir, not the run's
 FEATURE_SPACE = "feature-space"  # digest of encoder identity + label set (CachedFeatures)
+STATISTICS_KIND = "statistics-kind"  # what the server asks for: head_init.statistics.KINDS
+NUM_CLASSES = "num-classes"  # the server's label set size, for the statistics' shape
 NORM_STATE = "ovalp-norm"  # key of the client's stored statistics in context.state
 
 

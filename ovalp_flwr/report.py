@@ -7,7 +7,10 @@ can be made while a sweep is still going. Numbers are mean ± std over the seeds
 - R(t) = Acc_nonIID(t) / Acc_IID(t) x 100, each non-IID run against the IID run with the same
   other choices and seed (`RunSpec.reference()`), then averaged over seeds;
 - Acc@95 and the costs summed over rounds 1..Acc@95 (`ovalp_flwr.metrics`);
-- with `target-accuracy` in the preset, the round each run first reaches that accuracy;
+- with `target-accuracy` in the preset, the round each run first reaches that accuracy; with
+  `ceiling-fraction`, the round it reaches that share of its dataset's centralised ceiling
+  (`benchmarks/centralised_ceiling.py`), the bytes moved to get there, and its accuracy at the
+  start and after the first rounds;
 - with a `noise` axis, the decline rate against the noise-free run of the same choices and seed.
 
     python -m ovalp_flwr.report conf/tinyimagenet-ablation.toml --seeds 0 42
@@ -29,14 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from ovalp_flwr.durable import write_durably
-from ovalp_flwr.metrics import acc_at, accuracy_curve, cost_to_round, relative_curve, rounds_to
+from ovalp_flwr.ceiling import CEILING_FILE, CeilingError, ceiling
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.metrics import (acc_at, bytes_through, cost_to_round, first_round_at,
+                                relative_curve, start_and_rounds)
 from ovalp_flwr.results import read_summary
 from ovalp_flwr.sweep import (REFERENCE_AXIS, REFERENCE_CHOICE, Preset, PresetError, RunSpec,
                               config_mismatch, load_preset, select)
 
 METHOD_AXIS, NOISE_AXIS, CLEAN_CHOICE = "method", "noise", "none"
 NO_STD = "—"
-PLOTS = ("curves.png", "relative.png", "r_final.png")
+PLOTS = ("curves.png", "relative.png", "r_final.png", "ceiling.png")
 
 Choices = tuple[tuple[str, str], ...]
 
@@ -50,14 +56,31 @@ class RunResult:
     """The numbers of one finished run that the report needs (accuracies are fractions)."""
 
     spec: RunSpec
-    curve: list[float]
+    curve: list[float]  # after rounds 1..T (a run without rounds: its start, T times)
     final: float
     best: float
     acc95: int
     costs: dict[str, float]
     noise: dict[str, Any] | None  # summary["label_noise"]; None in summaries older than it
+    start: float = float("nan")  # round 0: the heads' start
+    bytes_through: tuple[float, ...] = ()  # bytes moved by the end of round t = 0..T
+    target: float | None = None  # the bar of "round to target" for this run (a fraction)
     relative: list[float] | None = None  # R(t) in %, non-IID runs whose IID run was found
     decline: float | None = None  # %, noisy runs whose noise-free run was found
+
+    def accuracy_at(self, round_: int) -> float:
+        """Accuracy after `round_` (0: the start), the last one for rounds past the end."""
+        return self.start if round_ == 0 else self.curve[min(round_, len(self.curve)) - 1]
+
+    @property
+    def round_to_target(self) -> int | None:
+        return None if self.target is None else first_round_at([self.start, *self.curve],
+                                                               self.target)
+
+    @property
+    def megabytes_to_target(self) -> float | None:
+        t = self.round_to_target
+        return None if t is None else self.bytes_through[t] / 1e6
 
     @property
     def r_final(self) -> float | None:
@@ -105,12 +128,14 @@ def stat(values: Sequence[float | None]) -> Stat:
 # ---------------------------------------------------------------- reading and pairing runs
 
 
-def load_runs(preset: Preset, specs: Sequence[RunSpec],
-              results_root: Path) -> tuple[list[RunResult], list[tuple[str, str]]]:
+def load_runs(preset: Preset, specs: Sequence[RunSpec], results_root: Path,
+              ceilings: Path = CEILING_FILE) -> tuple[list[RunResult], list[tuple[str, str]]]:
     """The finished runs, paired for R(t) and decline, and (name, why) for every other one."""
     found, missing = [], []
+    horizon = max(RunConfig.from_mapping(s.run_config).num_server_rounds for s in specs)
     for spec in specs:
-        result = read_run(preset.results_dir(results_root) / spec.name, spec)
+        result = read_run(preset.results_dir(results_root) / spec.name, spec, horizon,
+                          target_of(preset, spec, ceilings))
         if isinstance(result, str):
             missing.append((spec.name, result))
         else:
@@ -118,9 +143,22 @@ def load_runs(preset: Preset, specs: Sequence[RunSpec],
     return attach_decline(attach_relative(found)), missing
 
 
-def read_run(run_dir: Path, spec: RunSpec) -> RunResult | str:
+def target_of(preset: Preset, spec: RunSpec, ceilings: Path = CEILING_FILE) -> float | None:
+    """The preset's fixed target accuracy, or its share of the run's dataset's ceiling."""
+    if preset.ceiling_fraction is None:
+        return preset.target_accuracy
+    config = RunConfig.from_mapping(spec.run_config)
+    try:
+        return preset.ceiling_fraction * ceiling(config.dataset, config.encoder, ceilings)
+    except CeilingError as err:
+        raise ReportError(f"preset {preset.name}: {err}") from None
+
+
+def read_run(run_dir: Path, spec: RunSpec, horizon: int = 0,
+             target: float | None = None) -> RunResult | str:
     """A run's numbers, or why it does not count (absent, unreadable, run with another config:
-    the same test as `sweep.is_done`, so a stale folder is never averaged in)."""
+    the same test as `sweep.is_done`, so a stale folder is never averaged in). A run with
+    fewer rounds than `horizon` (FedNCM, Fed3R: none) keeps its last model to the horizon."""
     if not (run_dir / "summary.json").exists():
         return "not run"
     try:
@@ -130,13 +168,12 @@ def read_run(run_dir: Path, spec: RunSpec) -> RunResult | str:
     mismatch = config_mismatch(spec, summary["config"])
     if mismatch:
         return mismatch
-    curve = accuracy_curve(summary)
-    if not curve:
-        return "summary has no rounds"
+    start, *curve = start_and_rounds(summary, max(horizon, 1))
     acc95 = acc_at(curve)
     assert acc95 is not None  # a non-empty curve always reaches 95% of its last value
     return RunResult(spec, curve, float(summary["final_accuracy"]), max(curve), acc95,
-                     cost_to_round(summary, acc95), summary.get("label_noise"))
+                     cost_to_round(summary, acc95), summary.get("label_noise"), start,
+                     tuple(bytes_through(summary, horizon)), target)
 
 
 def attach_relative(runs: list[RunResult]) -> list[RunResult]:
@@ -232,13 +269,40 @@ METRICS: dict[str, Metric] = {
 }
 
 
+TARGET_BYTES = "megabytes_to_target"
+SPEED_ROUNDS = (0, 1, 2, 3, 5)  # accuracy at these rounds: how fast a method starts
+
+
+def target_title(preset: Preset) -> str:
+    if preset.ceiling_fraction is not None:
+        return f"{100 * preset.ceiling_fraction:g}% of ceiling"
+    return f"{100 * preset.target_accuracy:g}%"
+
+
+def speed_metrics() -> dict[str, Metric]:
+    """Accuracy at the start and after the first rounds."""
+    def at(t: int) -> Callable[[RunResult], float]:
+        return lambda r: 100 * r.accuracy_at(t)
+
+    return {f"round_{t}": ("Start (%)" if t == 0 else f"Round {t} (%)", at(t), pct)
+            for t in SPEED_ROUNDS}
+
+
 def metrics(preset: Preset) -> dict[str, Metric]:
-    """METRICS, and the round to the preset's target accuracy when it names one."""
-    target = preset.target_accuracy
-    if target is None:
+    """METRICS, and the round to the preset's target when it names one (a fixed accuracy, or a
+    share of the ceiling, with the bytes to it and the first rounds' accuracy)."""
+    if preset.target_accuracy is None and preset.ceiling_fraction is None:
         return METRICS
-    return {**METRICS, TARGET: (f"Round to {100 * target:g}%",
-                                lambda r: rounds_to(r.curve, target), rnd)}
+    target = {TARGET: (f"Round to {target_title(preset)}", lambda r: r.round_to_target, rnd)}
+    if preset.ceiling_fraction is None:
+        return {**METRICS, **target}
+    return {**METRICS, **target,
+            TARGET_BYTES: (f"MB to {target_title(preset)}", lambda r: r.megabytes_to_target, num),
+            **speed_metrics()}
+
+
+SPEED_TABLE = ("round_0", "round_1", "round_2", "round_3", "round_5", "final", "r_final", TARGET,
+               TARGET_BYTES)
 
 
 def cell_stat(runs: Sequence[RunResult], metric: Metric) -> Stat:
@@ -248,7 +312,7 @@ def cell_stat(runs: Sequence[RunResult], metric: Metric) -> Stat:
 def cell_text(runs: Sequence[RunResult], name: str, metric: Metric) -> str:
     """The cell as shown; "never" where no run reached the target accuracy."""
     values = cell_stat(runs, metric)
-    if name == TARGET and runs and values.n == 0:
+    if name in (TARGET, TARGET_BYTES) and runs and values.n == 0:
         return NEVER
     return values.text(metric[2], len(runs))
 
@@ -263,8 +327,12 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric_from
     return "\n".join("| " + " | ".join(line) + " |" for line in lines) + "\n"
 
 
-def main_table(preset: Preset, cells: dict[Choices, list[RunResult]]) -> str:
-    columns = metrics(preset)
+def main_table(preset: Preset, cells: dict[Choices, list[RunResult]],
+               names: Sequence[str] | None = None) -> str:
+    """One row per choice combination; the columns `names` of `metrics(preset)` (default: the
+    table *All cells*: every metric but the speed columns)."""
+    every = metrics(preset)
+    columns = {n: every[n] for n in (names or [n for n in every if not n.startswith("round_")])}
     headers = [*preset.axes, *(head for head, _, _ in columns.values()), "Seeds"]
     rows = []
     for choices in combos(preset):
@@ -351,7 +419,9 @@ DEFINITIONS = """\
 - **Acc@95** = the first round whose test accuracy reaches 95% of that run's *final* accuracy.
 - **Costs to Acc@95** are summed over rounds 1..Acc@95: client seconds = mean training time per
   trained client in a round, summed over rounds; server seconds = aggregation + evaluation;
-  MB = 10^6 bytes moved both ways (server -> sampled clients, trained clients -> server).
+  MB = 10^6 bytes moved both ways (server -> sampled clients, trained clients -> server), the
+  set-up exchanges (describe, set_norm, and the statistics a start needs) included where the
+  run recorded them.
 - Cells are mean ± std over seeds (std with ddof=1; "—" with one seed); `(n=k)` marks a cell
   where only k runs have a value (R: the others lack their paired run; round to a target: the
   others never reach it, and "never" means no run does).
@@ -359,7 +429,19 @@ DEFINITIONS = """\
 
 TARGET_DEFINITION = """\
 - **Round to {target}%** = the first round whose test accuracy reaches {target}%, the same bar
-  for every method and partition (the preset's `target-accuracy`).
+  for every method and partition (the preset's `target-accuracy`); round 0 is the start.
+"""
+
+CEILING_DEFINITION = """\
+- **Ceiling** = the better test accuracy of a multinomial and a one-vs-rest logistic regression
+  fitted on all training features in one place, L2 tuned on a held-out tenth
+  (`benchmarks/results/centralised_ceiling.md`): {ceilings}.
+- **Round to {share}% of ceiling** = the first round whose test accuracy reaches {share}% of the
+  run's dataset's ceiling, the same bar for every method and partition; round 0 is the start
+  (a start from statistics can be there before any training round). **MB to** it = bytes moved
+  both ways by then, set-up included (for a start from statistics, the statistics).
+- **Start**, **Round t** = test accuracy of the heads' start and after round t. FedNCM and Fed3R
+  run no rounds: their accuracy is their start's at every round.
 """
 
 NOISE_DEFINITION = """\
@@ -368,7 +450,15 @@ NOISE_DEFINITION = """\
 """
 
 
-def target_definition(preset: Preset) -> str:
+def target_definition(preset: Preset, runs: Sequence[RunResult]) -> str:
+    if preset.ceiling_fraction is not None:
+        bars = {}
+        for run in runs:
+            config = RunConfig.from_mapping(run.spec.run_config)
+            bars[f"{config.dataset} / {config.encoder}"] = run.target / preset.ceiling_fraction
+        ceilings = ", ".join(f"{case} {100 * value:.2f}%" for case, value in bars.items())
+        return CEILING_DEFINITION.format(share=f"{100 * preset.ceiling_fraction:g}",
+                                         ceilings=ceilings)
     target = preset.target_accuracy
     return "" if target is None else TARGET_DEFINITION.format(target=f"{100 * target:g}")
 
@@ -380,16 +470,21 @@ def markdown(preset: Preset, runs: list[RunResult], missing: list[tuple[str, str
     parts = [f"# {preset.name}\n\n{preset.description}\n",
              f"Made by `{command}` from `{results_dir}`: {len(runs)} of {total} runs found.\n\n"
              f"{coverage(preset, cells, seeds)}\n",
-             "## Definitions\n\n" + DEFINITIONS + target_definition(preset)
-             + (NOISE_DEFINITION if NOISE_AXIS in preset.axes else ""),
-             "## All cells\n\n" + main_table(preset, cells)]
+             "## Definitions\n\n" + DEFINITIONS + target_definition(preset, runs)
+             + (NOISE_DEFINITION if NOISE_AXIS in preset.axes else "")]
+    if preset.ceiling_fraction is not None:
+        parts.append("## Speed to the ceiling\n\n" + main_table(preset, cells, SPEED_TABLE))
+    parts.append("## All cells\n\n" + main_table(preset, cells))
     if METHOD_AXIS in preset.axes and REFERENCE_AXIS in preset.axes:
         if set(preset.axes[REFERENCE_AXIS]) - {REFERENCE_CHOICE}:  # some R to show
             parts.append("## Ablation: R(final) (%)\n\n" + pivots(preset, cells, "r_final", False))
         parts.append("## Ablation: final accuracy (%)\n\n" + pivots(preset, cells, "final", True))
-        if preset.target_accuracy is not None:
+        if TARGET in metrics(preset):
             parts.append(f"## Ablation: {metrics(preset)[TARGET][0].lower()}\n\n"
                          + pivots(preset, cells, TARGET, True))
+        if preset.ceiling_fraction is not None:
+            parts.append("## Ablation: accuracy after round 1 (%)\n\n"
+                         + pivots(preset, cells, "round_1", True))
     if NOISE_AXIS in preset.axes:
         parts.append("## Label noise\n\n" + noise_tables(preset, runs))
     parts.append("## Plots\n\n" + "".join(f"![{p}]({p})\n" for p in plots))
@@ -414,11 +509,15 @@ def to_csv(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def runs_csv(preset: Preset, runs: Sequence[RunResult]) -> str:
     """Percent for accuracies, R and rates; the extra noise columns only with a noise axis."""
-    noise, target = NOISE_AXIS in preset.axes, preset.target_accuracy
+    noise = NOISE_AXIS in preset.axes
+    target = TARGET in metrics(preset)
+    ceiling_columns = preset.ceiling_fraction is not None
     headers = ["preset", "run", "seed", *preset.axes, "final_pct", "best_pct", "r_final_pct",
                "acc_at_95", "client_seconds", "server_seconds", "megabytes",
                *(["decline_pct", "realised_noise_pct"] if noise else []),
-               *([TARGET] if target is not None else [])]
+               *([TARGET] if target else []),
+               *(["target_pct", TARGET_BYTES, *(f"round_{t}_pct" for t in SPEED_ROUNDS)]
+                 if ceiling_columns else [])]
     rows = []
     for r in runs:
         realised = None if r.realised_noise is None else 100 * r.realised_noise
@@ -426,7 +525,10 @@ def runs_csv(preset: Preset, runs: Sequence[RunResult]) -> str:
                      100 * r.final, 100 * r.best, r.r_final, r.acc95, r.costs["client_seconds"],
                      r.costs["server_seconds"], r.costs["bytes"] / 1e6,
                      *([r.decline, realised] if noise else []),
-                     *([rounds_to(r.curve, target)] if target is not None else [])])
+                     *([r.round_to_target] if target else []),
+                     *([100 * r.target, r.megabytes_to_target,
+                        *(100 * r.accuracy_at(t) for t in SPEED_ROUNDS)] if ceiling_columns
+                       else [])])
     return to_csv(headers, rows)
 
 
@@ -620,12 +722,61 @@ def _png(plt: Any, fig: Any) -> bytes:
     return buffer.getvalue()
 
 
+def ceiling_plot(preset: Preset, runs: Sequence[RunResult]) -> bytes:
+    """Accuracy as a share of the dataset's ceiling from round 0 on: one row of panels per
+    combination of the axes besides method and partition (the datasets), one panel per
+    partition, one line per method; rounds on a scale linear to 5 and logarithmic after, so
+    the first rounds, where the starts differ, are as wide as the rest."""
+    plt = _pyplot()
+    partitions = list(preset.axes.get(REFERENCE_AXIS, {"all": {}}))
+    rows = list(dict.fromkeys(without(c, (METHOD_AXIS, REFERENCE_AXIS)) for c in combos(preset)))
+    methods = list(preset.axes.get(METHOD_AXIS, {"all": {}}))
+    colors = _colors(plt, methods)
+    fig, axes = plt.subplots(len(rows), len(partitions), squeeze=False, sharey=True,
+                             figsize=(3.3 * len(partitions), 2.7 * len(rows) + 0.6),
+                             layout="constrained")
+    fig.suptitle(f"{preset.name}: test accuracy as % of the centralised ceiling "
+                 f"(mean over seeds; dashed: {100 * preset.ceiling_fraction:g}%)")
+    cells = by_cell(runs)
+    for i, rest in enumerate(rows):
+        for j, partition in enumerate(partitions):
+            ax = axes[i][j]
+            for method in methods:
+                chosen = {**dict(rest), METHOD_AXIS: method, REFERENCE_AXIS: partition}
+                members = cells.get(tuple((a, chosen[a]) for a in preset.axes), [])
+                if members:
+                    mean, _ = mean_std([[100 * a / (r.target / preset.ceiling_fraction)
+                                         for a in (r.start, *r.curve)] for r in members])
+                    ax.plot(range(len(mean)), mean, color=colors[method], label=method,
+                            linewidth=1.4)
+            ax.axhline(100 * preset.ceiling_fraction, color="grey", linestyle="--", linewidth=1)
+            ax.set_xscale("symlog", linthresh=5, linscale=1.5)
+            ax.set_title(title((*rest, (REFERENCE_AXIS, partition))), fontsize=9)
+            ax.grid(alpha=0.3)
+            if i == len(rows) - 1:
+                ax.set_xlabel("round")
+            if j == 0:
+                ax.set_ylabel("% of ceiling")
+    low = min((line.get_ydata().min() for ax in axes.flat for line in ax.get_lines()
+               if len(line.get_ydata()) > 2), default=0.0)
+    for ax in axes.flat:
+        ax.set_ylim(max(0.0, min(low, 80.0) - 2), 103)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    fig.legend(unique.values(), unique.keys(), title=METHOD_AXIS, loc="outside right center",
+               frameon=False)
+    return _png(plt, fig)
+
+
 def plots(preset: Preset, runs: Sequence[RunResult]) -> dict[str, bytes]:
-    """curves.png always; the R(t) plots only where some run has its IID pair."""
+    """curves.png always; the R(t) plots only where some run has its IID pair; ceiling.png
+    when the preset measures runs against the centralised ceiling."""
     out = {"curves.png": curves_plot(preset, runs)}
     if REFERENCE_AXIS in preset.axes and any(r.relative for r in runs):
         out["relative.png"] = relative_plot(preset, runs)
         out["r_final.png"] = r_final_plot(preset, runs)
+    if preset.ceiling_fraction is not None:
+        out["ceiling.png"] = ceiling_plot(preset, runs)
     return out
 
 
@@ -640,9 +791,9 @@ def write_atomic(path: Path, data: bytes | str) -> None:
 
 
 def write_report(preset: Preset, specs: Sequence[RunSpec], results_root: Path, out_root: Path,
-                 command: str) -> Path:
+                 command: str, ceilings: Path = CEILING_FILE) -> Path:
     """Everything under out_root/<preset>/; returns report.md. ReportError if no run is done."""
-    runs, missing = load_runs(preset, specs, results_root)
+    runs, missing = load_runs(preset, specs, results_root, ceilings)
     results_dir = preset.results_dir(results_root)
     if not runs:
         raise ReportError(f"preset {preset.name}: none of its {len(specs)} runs is done under "
@@ -668,6 +819,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("preset", type=Path, help="conf/<name>.toml")
     parser.add_argument("--results-dir", type=Path, default=Path("results"))
     parser.add_argument("--out", type=Path, default=Path("reports"))
+    parser.add_argument("--ceilings", type=Path, default=CEILING_FILE,
+                        help="the centralised ceilings a preset with ceiling-fraction is measured "
+                             "against (benchmarks/centralised_ceiling.py writes them)")
     parser.add_argument("--seeds", type=int, nargs="+", help="default: the preset's")
     parser.add_argument("--only", action="append", default=[],
                         help="axis=choice[,choice] (repeatable): report the subset a sweep ran "
@@ -679,7 +833,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs = select(preset.runs(args.seeds), args.only)
         if not specs:
             raise ReportError(f"--only {' '.join(args.only)} leaves no run of {preset.name}")
-        path = write_report(preset.restricted_to(specs), specs, args.results_dir, args.out, command)
+        path = write_report(preset.restricted_to(specs), specs, args.results_dir, args.out, command,
+                            args.ceilings)
     except (PresetError, ReportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -3,9 +3,11 @@
 `server_app.py` only wires this to Flower. Order of a run:
 1. build or load the feature cache (the server scores the global head on its test split);
 2. `query.describe` to every client: partition ids, sample counts, feature moments;
-3. `query.set_norm`: the global mean/std every client normalises with;
-4. FedAvg rounds with the stage in each train message, centralised evaluation after each;
-5. `results/<run-name>/summary.json` + `rounds.csv`, and one closing line.
+3. `query.set_norm`: the global mean/std every client normalises with; its replies carry the
+   clients' class statistics when the heads start from them (`head-init`);
+4. the heads' start (`ovalp_flwr.head_init`), scored as round 0;
+5. FedAvg rounds with the stage in each train message, centralised evaluation after each;
+6. `results/<run-name>/summary.json` + `rounds.csv`, and one closing line.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ from ovalp_flwr.cache import CachedFeatures, load_or_build
 from ovalp_flwr.client_data import all_partitions, resolve_path
 from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.devices import resolve_device
-from ovalp_flwr.heads import accuracy, build_head, head_from_numpy, head_to_numpy
+from ovalp_flwr.head_init import ClassStatistics, make_head_init
+from ovalp_flwr.heads import accuracy, head_from_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize
 from ovalp_flwr.partition import PartitionSummary, summarize_partition, summarize_sizes
 from ovalp_flwr.results import default_run_name, write_run
-from ovalp_flwr.strategy import ControlVariates, Staged, StagedFedAdam, StagedFedAvg
+from ovalp_flwr.strategy import (ControlVariates, Staged, StagedFedAdam, StagedFedAvg,
+                                 message_bytes)
 
 
 def run_server(grid: Grid, config: RunConfig) -> Path:
@@ -43,13 +47,19 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
                           data_dir=config.data_dir or None, device=config.device)
     nodes = wait_for_nodes(grid)
     check_num_clients(len(nodes), len(cache.train.y))  # nodes with own data check theirs
-    clients = describe_clients(grid, nodes)
+    init = make_head_init(config.head_init, config.ridge_lambda)
+    setup, summed = SetupCosts(), StatisticsSum()
+    request = statistics_request(init.statistics, cache.num_classes)
+    norm_needs_stats = NEEDS_STATS[config.feature_norm]
+    clients = describe_clients(grid, nodes, costs=setup,
+                               request={} if norm_needs_stats else request, statistics=summed)
     check_feature_space(clients, cache)
     partition = partition_summary(config, clients, cache)
     log(INFO, "partition %s", partition)
     stats = global_stats(config, clients)
     if stats is not None:
-        broadcast_stats(grid, stats, list(clients))
+        broadcast_stats(grid, stats, list(clients), costs=setup, request=request, statistics=summed)
+    initial, start = initial_head(config, init, summed, cache)
 
     # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
     digest_config = {p.NORM_DIGEST: stats.digest()} if stats else {}
@@ -61,10 +71,9 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
         extra_train_config={**digest_config, **({p.LOCAL_STEPS: steps} if steps else {})},
     )
     evaluator = CentralEvaluator(cache, config, stats)
-    initial = build_head(cache.train.x.shape[1], cache.num_classes, config.seed)
     result = strategy.start(
         grid=grid,
-        initial_arrays=p.to_record(head_to_numpy(initial)),
+        initial_arrays=p.to_record(initial),
         train_config=ConfigRecord(),
         evaluate_config=ConfigRecord(digest_config),
         num_rounds=config.num_server_rounds,
@@ -73,6 +82,8 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     summary = _summary(config, result, strategy, evaluator, partition, cache, stats)
     summary["label_noise"] = label_noise_summary(config, clients)
     summary["local_steps"] = config.local_steps or steps or None  # None: epochs of own data
+    summary["setup"] = setup.to_dict()
+    summary["head_init"] = start
     summary["total_seconds"] = time.time() - started
     run_name = config.run_name or default_run_name(config.to_dict())
     out = write_run(resolve_path(config.results_dir), run_name, summary)
@@ -80,6 +91,68 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
         summary["final_accuracy"], config.num_server_rounds, config.head, config.schedule,
         config.partition, out)
     return out
+
+
+class SetupCosts:
+    """Bytes and seconds of the set-up exchanges (describe, set_norm), as the rounds record
+    theirs: totals over all clients, so a report can add them to the rounds' bytes."""
+
+    def __init__(self) -> None:
+        self.bytes_sent = self.bytes_received = self.seconds = 0.0
+        self.messages = 0
+
+    def add(self, sent: list[RecordDict], received: list[RecordDict], seconds: float) -> None:
+        self.bytes_sent += sum(message_bytes(c) for c in sent)
+        self.bytes_received += sum(message_bytes(c) for c in received)
+        self.messages += len(sent)
+        self.seconds += seconds
+
+    def to_dict(self) -> dict:
+        return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+                "messages": self.messages, "seconds": self.seconds}
+
+
+class StatisticsSum:
+    """The federation's class statistics, added up reply by reply: no client's copy is kept
+    (a Gram matrix is D² floats per client)."""
+
+    def __init__(self) -> None:
+        self.total: ClassStatistics | None = None
+        self.senders = 0
+        self.wire_bytes = 0
+
+    def add(self, content: RecordDict) -> None:
+        if p.STATISTICS not in content:
+            return
+        record = content[p.STATISTICS]
+        part = ClassStatistics.from_arrays(p.from_record(record))
+        self.total = part if self.total is None else ClassStatistics.merge([self.total, part])
+        self.senders += 1
+        self.wire_bytes += record.count_bytes()
+
+
+def statistics_request(kind: str, num_classes: int) -> dict:
+    """What the last set-up message asks each client to send for the heads' start."""
+    return {} if kind == "none" else {p.STATISTICS_KIND: kind, p.NUM_CLASSES: num_classes}
+
+
+def initial_head(config: RunConfig, init, summed: StatisticsSum,
+                 cache: CachedFeatures) -> tuple[dict[str, np.ndarray], dict]:
+    """The heads the first round starts from, and what `summary.json` says of them."""
+    started = time.perf_counter()
+    if init.statistics != "none" and summed.total is None:
+        raise FederationError(f"head-init={config.head_init!r}: no client sent statistics "
+                              "(every client is empty)")
+    weight, bias = init.build(summed.total, cache.train.x.shape[1], cache.num_classes,
+                              config.seed, config.head)
+    seconds = time.perf_counter() - started
+    info = {"name": init.name, "statistics": init.statistics, "clients_sent": summed.senders,
+            "statistics_bytes_per_client": summed.wire_bytes / summed.senders if summed.senders
+            else 0.0, "server_seconds": seconds}
+    if init.statistics != "none":
+        log(INFO, "head-init %s: statistics from %d clients (%.0f kB each), built in %.2f s",
+            init.name, summed.senders, info["statistics_bytes_per_client"] / 1e3, seconds)
+    return {"weight": weight, "bias": bias}, info
 
 
 class CentralEvaluator:
@@ -103,16 +176,19 @@ class CentralEvaluator:
 
 
 def equal_share_steps(config: RunConfig, clients: dict[int, dict]) -> int:
-    """Local steps for every client under epoch-size = "equal-share": `local-epochs` passes
-    over an equal share of the federation's data (its samples at the start over
-    num-partitions), in batches. Clients of unequal size then take the same number of steps,
-    as SCAFFOLD's analysis assumes; on equal-size partitions nothing changes. 0 when the
-    run's steps come from elsewhere (`local-steps`, or epochs of each client's own data)."""
-    if config.epoch_size != "equal-share" or config.local_steps:
+    """Local steps for every client under epoch-size "equal-share" or "own-data-equal-steps":
+    `local-epochs` passes over an equal share of the federation's data (its samples at the
+    start over num-partitions), in batches. Clients of unequal size then take the same number
+    of steps, as SCAFFOLD's analysis assumes (under "own-data-equal-steps" in bigger batches
+    where a client holds more than a share: `client.local_schedule`); on equal-size
+    partitions nothing changes. 0 when the run's steps come from elsewhere (`local-steps`, or
+    epochs of each client's own data)."""
+    if config.epoch_size == "own-data" or config.local_steps:
         return 0
     share = sum(int(c[p.NUM_EXAMPLES]) for c in clients.values()) / num_partitions(clients)
     steps = config.local_epochs * max(1, math.ceil(share / config.batch_size))
-    log(INFO, "epoch-size equal-share: every client takes %s local steps per round", steps)
+    log(INFO, "epoch-size %s: every client takes %s local steps per round", config.epoch_size,
+        steps)
     return steps
 
 
@@ -139,7 +215,7 @@ def _summary(config: RunConfig, result: Result, strategy: Staged,
     """What `summary.json` holds (README, "Results")."""
     accuracies = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_serverapp.items()}
     local = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_clientapp.items()}
-    last = config.num_server_rounds
+    last = config.num_server_rounds  # 0: the start is the result
     rounds = [
         {"round": r, "accuracy": accuracies[r], "local_accuracy": local.get(r),
          **strategy.rounds.get(r, {}), "server_eval_seconds": evaluator.seconds[r],
@@ -148,7 +224,7 @@ def _summary(config: RunConfig, result: Result, strategy: Staged,
     ]
     return {
         "final_accuracy": accuracies[last],
-        "best_accuracy": max(accuracies[r] for r in range(1, last + 1)),
+        "best_accuracy": max(accuracies[r] for r in range(min(1, last), last + 1)),
         "initial_accuracy": accuracies[0],
         "num_clients": partition.num_clients,
         "config": config.to_dict(),
@@ -176,10 +252,15 @@ def wait_for_nodes(grid: Grid, timeout: float = 120.0, settle: float = 1.0) -> l
     raise FederationError(f"no SuperNode connected within {timeout:.0f} s")
 
 
-def exchange(grid: Grid, message_type: str, contents: dict[int, RecordDict]) -> dict[int, RecordDict]:
+def exchange(grid: Grid, message_type: str, contents: dict[int, RecordDict],
+             costs: SetupCosts | None = None) -> dict[int, RecordDict]:
     """Send one message to each node and return the replies; any client error stops the run."""
+    started = time.perf_counter()
     messages = [Message(content=c, message_type=message_type, dst_node_id=n) for n, c in contents.items()]
     replies = list(grid.send_and_receive(messages))
+    if costs is not None:
+        costs.add(list(contents.values()), [m.content for m in replies if not m.has_error()],
+                  time.perf_counter() - started)
     failed = [m for m in replies if m.has_error()]
     if failed:
         raise FederationError(
@@ -190,11 +271,18 @@ def exchange(grid: Grid, message_type: str, contents: dict[int, RecordDict]) -> 
     return {m.metadata.src_node_id: m.content for m in replies}
 
 
-def describe_clients(grid: Grid, nodes: list[int], check_ids: bool = True) -> dict[int, dict]:
-    """Every client's partition id and sample count (plus moments, if the norm needs them)."""
-    replies = exchange(grid, p.DESCRIBE, {n: RecordDict({p.CONFIG: ConfigRecord()}) for n in nodes})
+def describe_clients(grid: Grid, nodes: list[int], check_ids: bool = True,
+                     costs: SetupCosts | None = None, request: dict | None = None,
+                     statistics: StatisticsSum | None = None) -> dict[int, dict]:
+    """Every client's partition id and sample count (plus moments, if the norm needs them, and
+    the class statistics into `statistics`, if `request` asks for them)."""
+    replies = exchange(grid, p.DESCRIBE,
+                       {n: RecordDict({p.CONFIG: ConfigRecord(dict(request or {}))}) for n in nodes},
+                       costs)
     clients = {}
     for node, content in replies.items():
+        if statistics is not None:
+            statistics.add(content)
         info = dict(content[p.METRICS])
         info[p.FEATURE_SPACE] = str(content[p.CONFIG][p.FEATURE_SPACE])
         if p.MOMENTS in content:
@@ -322,9 +410,18 @@ def global_stats(config: RunConfig, clients: dict[int, dict]) -> NormStats | Non
     return NormStats.from_moments(FeatureMoments.merge(parts))
 
 
-def broadcast_stats(grid: Grid, stats: NormStats, nodes: list[int]) -> None:
+def broadcast_stats(grid: Grid, stats: NormStats, nodes: list[int],
+                    costs: SetupCosts | None = None, request: dict | None = None,
+                    statistics: StatisticsSum | None = None) -> None:
+    """The global mean/std to every node; their replies carry the class statistics of the
+    normalised features into `statistics` when `request` asks for them."""
     record = p.to_record({"mean": stats.mean, "std": stats.std})
-    exchange(grid, p.SET_NORM, {n: RecordDict({p.NORM: record}) for n in nodes})
+    config = ConfigRecord(dict(request or {}))
+    replies = exchange(grid, p.SET_NORM,
+                       {n: RecordDict({p.NORM: record, p.CONFIG: config}) for n in nodes}, costs)
+    if statistics is not None:
+        for content in replies.values():
+            statistics.add(content)
 
 
 def _feature_info(cache: CachedFeatures, stats: NormStats | None) -> dict:

@@ -41,16 +41,17 @@ from ovalp_flwr.results import read_summary
 
 PAPER_SEEDS = (0, 42, 777, 1337, 15254)
 REFERENCE_AXIS, REFERENCE_CHOICE = "partition", "iid"
-PRESET_KEYS = {"description", "num-supernodes", "seeds", "target-accuracy"}
+PRESET_KEYS = {"description", "num-supernodes", "seeds", "target-accuracy", "ceiling-fraction"}
 RUN_KEYS_SET_BY_SWEEP = {"seed", "run-name", "results-dir"}
 NOT_PART_OF_THE_RESULT = {"run-name", "results-dir", "feature-cache-dir", "data-dir", "device"}
 
-# What a summary without these keys ran: they were added with the quantity-skew variants, and
-# until then every run took the paper's local recipe (the defaults have moved since).
+# What a summary without these keys ran: the quantity-skew variants came with the first seven,
+# and until then every run took the paper's local recipe; until `head-init` every run started
+# from torch's random init (the defaults have moved since).
 BEFORE_THE_KEY: dict[str, Any] = {"local-optimizer": "adamw", "local-steps": 0,
                                   "aggregation-weights": "samples", "drift-correction": "none",
                                   "server-optimizer": "fedavg", "server-learning-rate": 0.1,
-                                  "epoch-size": "own-data"}
+                                  "epoch-size": "own-data", "head-init": "random"}
 
 
 class PresetError(ValueError):
@@ -90,6 +91,8 @@ class Preset:
     config: dict[str, Any]
     axes: dict[str, dict[str, dict[str, Any]]]
     target_accuracy: float | None = None  # reports add "rounds to this accuracy" (a fraction)
+    # reports add "rounds to this share of the dataset's centralised ceiling" (ovalp_flwr.ceiling)
+    ceiling_fraction: float | None = None
 
     def runs(self, seeds: Sequence[int] | None = None) -> list[RunSpec]:
         """Every run, seed-major (all of seed 0 first, so an early stop leaves whole seeds)."""
@@ -130,20 +133,29 @@ def load_preset(path: Path) -> Preset:
     if not isinstance(num_supernodes, int) or num_supernodes < 1:
         raise PresetError(f"preset {path}: num-supernodes={num_supernodes!r} is not allowed; "
                           "use an integer >= 1")
-    target = head.get("target-accuracy")
-    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
-                               or not 0 < target <= 1):
-        raise PresetError(f"preset {path}: target-accuracy={target!r} is not allowed; "
-                          "use a fraction in (0, 1], e.g. 0.6")
+    target, share = (_fraction(path, head, key) for key in ("target-accuracy", "ceiling-fraction"))
+    if target is not None and share is not None:
+        raise PresetError(f"preset {path}: target-accuracy and ceiling-fraction are both set; "
+                          "keep one (a fixed bar, or a share of each dataset's ceiling)")
     axes = raw.get("axes", {})
     if not axes or not all(isinstance(c, dict) and c for c in axes.values()):
         raise PresetError(f"preset {path}: needs [axes.<name>] tables with at least one choice")
     preset = Preset(Path(path).stem, Path(path), head.get("description", ""), num_supernodes,
                     seeds, dict(raw.get("config", {})), {a: dict(c) for a, c in axes.items()},
-                    None if target is None else float(target))
+                    target, share)
     for spec in preset.runs(seeds[:1]):
         _check(preset, spec)
     return preset
+
+
+def _fraction(path: Path, head: dict[str, Any], key: str) -> float | None:
+    """An optional [preset] fraction in (0, 1]."""
+    value = head.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 < value <= 1):
+        raise PresetError(f"preset {path}: {key}={value!r} is not allowed; "
+                          "use a fraction in (0, 1], e.g. 0.6")
+    return None if value is None else float(value)
 
 
 def _check(preset: Preset, spec: RunSpec) -> None:

@@ -35,7 +35,7 @@ def test_pyproject_defaults_parse_and_match_the_dataclass():
         ("local-steps", -1, ">= 0"),
         ("aggregation-weights", "classes", "choose one of: samples, uniform"),
         ("drift-correction", "feddyn", "choose one of: none, scaffold"),
-        ("epoch-size", "half", "choose one of: own-data, equal-share"),
+        ("epoch-size", "half", "choose one of: own-data, equal-share, own-data-equal-steps"),
         ("server-optimizer", "fedyogi", "choose one of: fedavg, fedadam"),
         ("server-learning-rate", 0.0, "> 0"),
     ],

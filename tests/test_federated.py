@@ -35,7 +35,7 @@ def run(cache_dir, tmp_path, clients=20, **overrides):
 
 
 def test_run_learns_and_writes_results(cache_dir, tmp_path):
-    summary = run(cache_dir, tmp_path)
+    summary = run(cache_dir, tmp_path, **{"head-init": "random"})  # learning from scratch
     assert summary["final_accuracy"] > 0.6  # 10 classes: chance is 0.1
     assert summary["initial_accuracy"] < 0.3
     rounds = summary["rounds"]
@@ -50,10 +50,21 @@ def test_run_learns_and_writes_results(cache_dir, tmp_path):
 
 
 def test_same_seed_same_run_other_seed_other_run(cache_dir, tmp_path):
-    curve = lambda seed: [r["accuracy"] for r in run(cache_dir, tmp_path, seed=seed,
-                                                     **{"num-server-rounds": 3})["rounds"]]
+    # a random start, so the seed moves the start too (a ridge start is the same for every seed)
+    curve = lambda seed: [r["accuracy"] for r in run(cache_dir, tmp_path, seed=seed, **{
+        "num-server-rounds": 3, "head-init": "random"})["rounds"]]
     assert curve(1) == curve(1)
     assert curve(1) != curve(2)
+
+
+def test_a_process_that_serves_run_after_run_keeps_only_the_latest_runs_rows(cache_dir, tmp_path):
+    from ovalp_flwr import client
+
+    run(cache_dir, tmp_path, seed=3, **{"num-server-rounds": 1})
+    run(cache_dir, tmp_path, seed=4, **{"num-server-rounds": 1})
+    (only_run,) = client._ON_DEVICE.values()
+    assert sorted(only_run) == list(range(20))
+    assert sum(len(labels) for _, labels in only_run.values()) == 1437  # one training split
 
 
 def test_empty_clients_train_nothing_and_the_run_completes(cache_dir, tmp_path):
@@ -120,9 +131,9 @@ def test_server_app_reports_a_corrupted_cache_in_one_line(cache_dir, tmp_path, c
 
 
 def test_label_noise_is_applied_and_its_realised_rate_recorded(cache_dir, tmp_path):
-    clean = run(cache_dir, tmp_path, partition="iid", **{"num-server-rounds": 3})
+    clean = run(cache_dir, tmp_path, partition="iid", **{"num-server-rounds": 3}, **RECIPE)
     noisy = run(cache_dir, tmp_path, partition="iid", **{
-        "num-server-rounds": 3, "label-noise": "symmetric", "noise-rate": 0.3})
+        "num-server-rounds": 3, "label-noise": "symmetric", "noise-rate": 0.3}, **RECIPE)
     assert clean["label_noise"] == {"kind": "none", "rate": 0.0, "realised_rate": 0.0}
     assert noisy["label_noise"]["realised_rate"] == pytest.approx(0.3, abs=1e-3)
     assert noisy["final_accuracy"] < clean["final_accuracy"]
@@ -152,13 +163,13 @@ class LateJoinGrid(InProcessGrid):
 
 
 def late_run(cache_dir, tmp_path, late_partition: int, duplicate: bool = False,
-             refuse_norm: bool = False):
+             refuse_norm: bool = False, **overrides):
     from ovalp_flwr.config import RunConfig
     from ovalp_flwr.server import run_server
 
     run_config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
                   "results-dir": str(tmp_path / "results"), "num-server-rounds": 3,
-                  "run-name": "late", "partition": "iid"}
+                  "run-name": "late", "partition": "iid", **overrides}
     grid = LateJoinGrid(client_app.app, 4, run_config, late=set())
     by_pid = {c.node_config["partition-id"]: node for node, c in grid.contexts.items()}
     late = by_pid[late_partition]
@@ -173,6 +184,15 @@ def test_a_node_that_connects_late_trains_from_the_next_round(cache_dir, tmp_pat
     assert [(r["clients_sampled"], r["clients_trained"]) for r in summary["rounds"]] == [
         (3, 3), (4, 4), (4, 4)]
     assert summary["num_clients"] == 3  # the partition summary is taken at the start
+
+
+def test_a_start_from_statistics_uses_the_nodes_there_at_the_start(cache_dir, tmp_path):
+    """The late node is described and briefed like any, but asked for no statistics: the
+    heads were built before it came."""
+    summary = late_run(cache_dir, tmp_path, late_partition=3, **{"head-init": "ridge"})
+    assert summary["head_init"]["clients_sent"] == 3
+    assert [r["clients_trained"] for r in summary["rounds"]] == [3, 4, 4]
+    assert summary["initial_accuracy"] > 0.85
 
 
 def test_a_late_node_claiming_a_held_partition_is_refused(cache_dir, tmp_path, caplog):
@@ -222,3 +242,25 @@ def test_equal_share_epochs_give_every_client_the_same_steps(cache_dir, tmp_path
     assert shared["local_steps"] == 6 and set(steps["default"]) == {6}
     assert own["local_steps"] is None and len(set(steps["recipe"])) > 2  # 3 x ceil(n_i / 50)
     assert max(steps["recipe"]) > 6 * 5  # the biggest client took many more
+
+
+def test_own_data_equal_steps_give_big_clients_big_batches_and_a_pass_over_their_data(
+        cache_dir, tmp_path, monkeypatch):
+    """Zipf on 20 clients: 6 steps each; a client above the 72-sample share batches
+    ceil(n / 2) samples, so its 3 epochs pass over all of its data; the rest batch 50."""
+    from ovalp_flwr import client
+
+    seen = []
+    original = client.train_local
+
+    def spy(arrays, features, labels, **kwargs):
+        seen.append((len(labels), kwargs["schedule"].batch_size))
+        return original(arrays, features, labels, **kwargs)
+
+    monkeypatch.setattr(client, "train_local", spy)
+    summary = run(cache_dir, tmp_path, partition="zipf",
+                  **{"num-server-rounds": 1, "epoch-size": "own-data-equal-steps"})
+    assert summary["local_steps"] == 6
+    sizes = dict(seen)
+    assert max(sizes) > 72 and sizes[max(sizes)] == -(-max(sizes) // 2)
+    assert all(batch == max(50, -(-n // 2)) for n, batch in seen if n)

@@ -76,13 +76,15 @@ def write_preset(tmp_path, text, name):
     return load_preset(path)
 
 
-def fabricate(preset, results, name, curve, realised=0.0, **config_changes):
+def fabricate(preset, results, name, curve, realised=0.0, initial=0.1, setup=None,
+              **config_changes):
     """A summary in the real format, with the resolved run config `sweep.is_done` checks."""
     spec = next(s for s in preset.runs() if s.name == name)
     resolved = RunConfig.from_mapping(spec.run_config).to_dict()
     rounds = [{"round": t, "accuracy": a, **ROUND_COSTS} for t, a in enumerate(curve, 1)]
     summary = {
-        "final_accuracy": curve[-1], "best_accuracy": max(curve), "initial_accuracy": 0.1,
+        "final_accuracy": (curve or [initial])[-1], "best_accuracy": max(curve or [initial]),
+        "initial_accuracy": initial, **({"setup": setup} if setup else {}),
         "config": {**resolved, "run-name": name, **config_changes}, "rounds": rounds,
         "label_noise": {"kind": spec.run_config.get("label-noise", "none"),
                         "rate": spec.run_config.get("noise-rate", 0.0), "realised_rate": realised},
@@ -164,6 +166,67 @@ def test_round_to_a_target_accuracy_by_hand(tmp_path):
     pivot = (report(tmp_path, never) / "report.md").read_text().split(
         "## Ablation: round to 95%")[1].split("##")[0]
     assert "| a | 3.0 ± — (n=1) | never |" in pivot and "| b | never | never |" in pivot
+
+
+CEILING = """\
+[preset]
+description = "tiny ceiling"
+num-supernodes = 10
+seeds = [0, 1]
+ceiling-fraction = 0.95
+[config]
+dataset = "digits"
+encoder = "pixels"
+num-server-rounds = 4
+[axes.method]
+ridge = { head-init = "ridge" }
+fed3r = { head-init = "ridge", num-server-rounds = 0 }
+[axes.partition]
+iid = { partition = "iid" }
+"""
+
+
+def test_speed_to_the_ceiling_by_hand(tmp_path):
+    """Bar = 95% of a ceiling of 0.8 = 0.76; set-up: 5,000 bytes; rounds: 20,000 bytes each."""
+    preset = write_preset(tmp_path, CEILING, "tiny-ceiling")
+    ceilings = tmp_path / "ceilings.json"
+    ceilings.write_text('{"cases": {"digits:pixels": {"ceiling": 0.8}}}')
+    setup = {"bytes_sent": 1000.0, "bytes_received": 4000.0}
+    fabricate(preset, tmp_path / "results", "ridge-iid-seed0", [0.7, 0.8, 0.9, 0.9], initial=0.5,
+              setup=setup)  # the bar in round 2
+    fabricate(preset, tmp_path / "results", "ridge-iid-seed1", [0.77, 0.8, 0.9, 0.9],
+              initial=0.5, setup=setup)  # in round 1
+    fabricate(preset, tmp_path / "results", "fed3r-iid-seed0", [], initial=0.78, setup=setup)
+    fabricate(preset, tmp_path / "results", "fed3r-iid-seed1", [], initial=0.6, setup=setup)
+    out = report(tmp_path, preset, "--ceilings", str(ceilings))
+    text = (out / "report.md").read_text()
+    assert "**Ceiling** = the better test accuracy" in text and "digits / pixels 80.00%" in text
+    speed = text.split("## Speed to the ceiling")[1].split("##")[0]
+    # start, rounds 1, 2, 3, 5 (past the last round: the last), final, R, round to bar, MB
+    assert ("| ridge | iid | 50.00 ± 0.00 | 73.50 ± 4.95 | 80.00 ± 0.00 | 90.00 ± 0.00 | "
+            "90.00 ± 0.00 | 90.00 ± 0.00 |  | 1.5 ± 0.7 | 0.035 ± 0.014 | 2 |") in speed
+    # no rounds: the start at every round; only seed 0 is at the bar, in round 0 (set-up bytes)
+    assert ("| fed3r | iid | 69.00 ± 12.73 | 69.00 ± 12.73 | 69.00 ± 12.73 | 69.00 ± 12.73 | "
+            "69.00 ± 12.73 | 69.00 ± 12.73 |  | 0.0 ± — (n=1) | 0.005 ± — (n=1) | 2 |") in speed
+    rows = rows_of(out / "runs.csv")
+    assert rows["fed3r-iid-seed1"]["rounds_to_target"] == ""
+    assert float(rows["ridge-iid-seed0"]["target_pct"]) == pytest.approx(76.0)
+    assert float(rows["ridge-iid-seed0"]["megabytes_to_target"]) == pytest.approx(0.045)
+    assert (out / "ceiling.png").stat().st_size > 10_000
+    pivot = text.split("## Ablation: accuracy after round 1 (%)")[1].split("##")[0]
+    assert "| fed3r | 69.00 ± 12.73 |" in pivot
+
+
+def test_a_ceiling_preset_without_a_measured_ceiling_says_how_to_measure_it(tmp_path, capsys):
+    preset = write_preset(tmp_path, CEILING, "tiny-ceiling")
+    fabricate(preset, tmp_path / "results", "fed3r-iid-seed0", [], initial=0.78)
+    argv = [str(preset.path), "--results-dir", str(tmp_path / "results"), "--out",
+            str(tmp_path / "reports"), "--ceilings", str(tmp_path / "none.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: preset tiny-ceiling: no centralised ceiling for digits:pixels in "
+                   f"{tmp_path / 'none.json'}; measure it with `python benchmarks/"
+                   "centralised_ceiling.py --case digits:pixels`")
 
 
 def test_no_target_accuracy_no_column(ablation, tmp_path):

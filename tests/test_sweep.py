@@ -135,17 +135,24 @@ def test_a_run_made_under_another_default_is_not_reused():
 
 
 def test_a_summary_from_before_a_key_existed_ran_what_came_before_it():
-    """Runs made before the quantity-skew keys took the paper's recipe, today's defaults or not."""
+    """Runs made before the quantity-skew keys took the paper's recipe, today's defaults or not;
+    runs made before `head-init` started from torch's random init."""
     from ovalp_flwr.config import RECIPE, RunConfig
 
     recipe = RunSpec(0, (("method", "m"),), {"dataset": "digits", "seed": 0, **RECIPE})
     new_keys = {"local-optimizer", "local-steps", "aggregation-weights", "drift-correction",
-                "server-optimizer", "server-learning-rate", "epoch-size"}
+                "server-optimizer", "server-learning-rate", "epoch-size", "head-init",
+                "ridge-lambda"}
     older = {k: v for k, v in RunConfig(seed=0).to_dict().items() if k not in new_keys}
-    older["learning-rate"] = 0.01
+    older["learning-rate"], older["weight-decay"] = 0.01, 1e-4
     assert config_mismatch(recipe, older) is None
     today = RunSpec(0, (("method", "m"),), {"dataset": "digits", "seed": 0})  # SCAFFOLD now
     assert config_mismatch(today, older) == \
         "ran with learning-rate=0.01, preset asks 0.05"
     assert config_mismatch(today, {**older, "learning-rate": 0.05}) == \
+        "ran with weight-decay=0.0001, preset asks 0.01"
+    assert config_mismatch(today, {**older, "learning-rate": 0.05, "weight-decay": 0.01}) == \
         "ran with local-optimizer='(absent)', preset asks 'sgd'"
+    started = RunSpec(0, (("method", "m"),), {"dataset": "digits", "seed": 0, **RECIPE,
+                                              "head-init": "ridge"})
+    assert config_mismatch(started, older) == "ran with head-init='(absent)', preset asks 'ridge'"

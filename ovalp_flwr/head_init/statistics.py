@@ -1,0 +1,117 @@
+"""The sufficient statistics of a linear probe on frozen features, gathered the federated way.
+
+With frozen features every closed-form start is a function of sums over samples: per-class
+counts n_c, per-class feature sums S = YᵀX and (for ridge) the Gram matrix G = XᵀX. A client
+sends the sums over its own rows; the server adds them up, so the federation's statistics
+are the centralised ones on any partition (up to the float32 rounding of each client's sums
+on the wire). What a client reveals by them is stated in the README ("Closed-form starts").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# what a start asks the clients for; "none": no statistics (random or zero heads)
+KINDS = ("none", "class-sums", "gram")
+WIRE_DTYPE = np.float32
+
+
+@dataclass(frozen=True)
+class ClassStatistics:
+    """Per-class counts and feature sums, and optionally the Gram matrix, of some rows."""
+
+    counts: np.ndarray  # float64 [K]
+    sums: np.ndarray  # float64 [K, D]: row c is the sum of class c's features
+    square_norms: np.ndarray  # float64 [K]: sum of ||x||² over class c's rows
+    gram: np.ndarray | None = None  # float64 [D, D], symmetric: XᵀX
+
+    @classmethod
+    def of(cls, features: torch.Tensor, labels: torch.Tensor, num_classes: int,
+           with_gram: bool) -> "ClassStatistics":
+        """A client's sums, computed where its rows live (the GPU when there is one)."""
+        onehot = torch.nn.functional.one_hot(labels.long(), num_classes).to(features.dtype)
+        gram = features.T @ features if with_gram else None
+        return cls(_float64(onehot.sum(0)), _float64(onehot.T @ features),
+                   _float64(onehot.T @ features.square().sum(1)),
+                   None if gram is None else _float64(gram))
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.counts)
+
+    @property
+    def num_samples(self) -> int:
+        return int(round(self.counts.sum()))
+
+    @property
+    def total(self) -> np.ndarray:
+        """The sum of all rows (every row has one label)."""
+        return self.sums.sum(axis=0)
+
+    @property
+    def class_means(self) -> np.ndarray:
+        """[K, D]; zero for a class nobody holds."""
+        return self.sums / np.maximum(self.counts, 1.0)[:, None]
+
+    @staticmethod
+    def merge(parts: list["ClassStatistics"]) -> "ClassStatistics":
+        """The federation's statistics: plain sums, in float64."""
+        if not parts:
+            raise ValueError("no client sent statistics for the head's start")
+        grams = [p.gram for p in parts]
+        if any(g is None for g in grams) and not all(g is None for g in grams):
+            raise ValueError("some clients sent a Gram matrix and others did not")
+        return ClassStatistics(
+            np.sum([p.counts for p in parts], axis=0),
+            np.sum([p.sums for p in parts], axis=0),
+            np.sum([p.square_norms for p in parts], axis=0),
+            None if grams[0] is None else np.sum(grams, axis=0),
+        )
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The wire form: float32, and the Gram matrix as its upper triangle (half the bytes)."""
+        arrays = {"counts": self.counts.astype(WIRE_DTYPE), "sums": self.sums.astype(WIRE_DTYPE),
+                  "square-norms": self.square_norms.astype(WIRE_DTYPE)}
+        if self.gram is not None:
+            arrays["gram-triu"] = self.gram[np.triu_indices(len(self.gram))].astype(WIRE_DTYPE)
+        return arrays
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "ClassStatistics":
+        """Back from the wire form; the shapes must agree with each other."""
+        counts, sums, square_norms = (np.asarray(arrays[key], np.float64)
+                                      for key in ("counts", "sums", "square-norms"))
+        if sums.ndim != 2 or counts.shape != (len(sums),) or square_norms.shape != counts.shape:
+            raise ValueError(f"statistics have counts {counts.shape}, sums {sums.shape} and square "
+                             f"norms {square_norms.shape}; expected [K], [K, D] and [K]")
+        gram = None
+        if "gram-triu" in arrays:
+            gram = unpack_symmetric(np.asarray(arrays["gram-triu"], np.float64), sums.shape[1])
+        return cls(counts, sums, square_norms, gram)
+
+
+def unpack_symmetric(upper: np.ndarray, size: int) -> np.ndarray:
+    """The full symmetric matrix from its row-major upper triangle (diagonal included)."""
+    if upper.shape != (size * (size + 1) // 2,):
+        raise ValueError(f"a packed {size}x{size} symmetric matrix has {size * (size + 1) // 2} "
+                         f"entries; got shape {upper.shape}")
+    full = np.zeros((size, size))
+    full[np.triu_indices(size)] = upper
+    return full + np.triu(full, 1).T
+
+
+def wire_bytes(kind: str, num_classes: int, num_features: int) -> int:
+    """Bytes of one client's statistics on the wire (arrays only), for the README's costs."""
+    if kind == "none":
+        return 0
+    size = num_classes * (num_features + 2)
+    if kind == "gram":
+        size += num_features * (num_features + 1) // 2
+    return size * np.dtype(WIRE_DTYPE).itemsize
+
+
+def _float64(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float64).numpy()

@@ -1,0 +1,219 @@
+"""Closed-form starts: the clients' summed statistics, the heads built from them, whole runs."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ovalp_flwr.cache import load_or_build
+from ovalp_flwr.config import HEAD_INITS, ConfigError, RunConfig
+from ovalp_flwr.head_init import HEAD_INITS as REGISTRY
+from ovalp_flwr.head_init import ClassStatistics, make_head_init
+from ovalp_flwr.head_init.calibration import ScoreModel
+from ovalp_flwr.head_init.statistics import unpack_symmetric, wire_bytes
+from ovalp_flwr.local_grid import run_local
+from ovalp_flwr.normalize import FeatureMoments, NormStats, normalize
+from ovalp_flwr.partition import PartitionSpec, partition_indices
+from ovalp_flwr.results import read_summary
+
+logging.getLogger("flwr").setLevel(logging.WARNING)
+CLIENTS = 20
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cache")
+    load_or_build("digits", "pixels", path, progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def digits(cache_dir):
+    """Standardised training and test features of digits, as a run normalises them."""
+    cache = load_or_build("digits", "pixels", cache_dir, progress=False)
+    stats = NormStats.from_moments(FeatureMoments.of(cache.train.x))
+    return (normalize("standardize", cache.train.x, stats), cache.train.y.astype(np.int64),
+            normalize("standardize", cache.test.x, stats), cache.test.y.astype(np.int64))
+
+
+def statistics(features, labels, with_gram=True):
+    return ClassStatistics.of(torch.from_numpy(features), torch.from_numpy(labels), 10, with_gram)
+
+
+def over_the_wire(stats):
+    return ClassStatistics.from_arrays(stats.to_arrays())
+
+
+@pytest.mark.parametrize("kind", ["iid", "shard", "bernoulli-dirichlet", "zipf", "feature-skew"])
+def test_summed_client_statistics_are_the_centralised_ones_on_every_partition(digits, kind):
+    x, y, _, _ = digits
+    parts = partition_indices(PartitionSpec(kind, seed=3), y, CLIENTS, x)
+    sent = [over_the_wire(statistics(x[rows], y[rows])) for rows in parts if len(rows)]
+    merged = ClassStatistics.merge(sent)
+    x64, onehot = x.astype(np.float64), np.eye(10)[y]
+    np.testing.assert_array_equal(merged.counts, onehot.sum(0))
+    # float32 on the wire: each client's sums are rounded once
+    np.testing.assert_allclose(merged.sums, onehot.T @ x64, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(merged.gram, x64.T @ x64, rtol=1e-5, atol=1e-2)
+    np.testing.assert_allclose(merged.square_norms, onehot.T @ (x64 ** 2).sum(1), rtol=1e-5)
+
+
+def test_the_gram_matrix_travels_as_its_upper_triangle():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(5, 5))
+    symmetric = a + a.T
+    np.testing.assert_array_equal(unpack_symmetric(symmetric[np.triu_indices(5)], 5), symmetric)
+    with pytest.raises(ValueError, match="has 15 entries; got shape \\(14,\\)"):
+        unpack_symmetric(np.zeros(14), 5)
+    stats = statistics(rng.normal(size=(30, 5)).astype(np.float32), np.arange(30) % 10)
+    arrays = stats.to_arrays()
+    assert arrays["gram-triu"].shape == (15,)
+    assert sum(a.nbytes for a in arrays.values()) == wire_bytes("gram", 10, 5)
+
+
+def test_ridge_start_is_the_centralised_ridge_solution_whatever_the_partition(digits):
+    x, y, _, _ = digits
+    ridge = make_head_init("ridge", ridge_lambda=0.001)
+    centralised = ridge.linear_head(statistics(x, y), 64, 10, 0)
+    parts = partition_indices(PartitionSpec("shard", seed=1), y, CLIENTS)
+    federated = ClassStatistics.merge([over_the_wire(statistics(x[r], y[r])) for r in parts])
+    weight, bias = ridge.linear_head(federated, 64, 10, 0)
+    np.testing.assert_allclose(weight, centralised[0], atol=1e-5)
+    np.testing.assert_allclose(bias, centralised[1], atol=1e-5)
+    # and it is ridge regression onto one-hot labels, the bias a penalised feature, λ per sample
+    augmented = np.hstack([x, np.ones((len(x), 1))]).astype(np.float64)
+    penalty = 0.001 * len(x) * np.eye(65)
+    direct = np.linalg.solve(augmented.T @ augmented + penalty, augmented.T @ np.eye(10)[y])
+    norms = np.linalg.norm(direct[:-1], axis=0)  # the Gram matrix above is float32's: 1e-5
+    np.testing.assert_allclose(weight, (direct[:-1] / norms).T, atol=1e-5)
+    np.testing.assert_allclose(bias, direct[-1] / norms, atol=1e-5)
+
+
+def test_class_means_start_is_the_cosine_nearest_class_mean(digits):
+    x, y, test_x, _ = digits
+    weight, bias = make_head_init("class-means").linear_head(statistics(x, y, False), 64, 10, 0)
+    means = np.stack([x[y == c].mean(0) for c in range(10)])
+    cosine = (test_x / np.linalg.norm(test_x, axis=1, keepdims=True)) @ (
+        means / np.linalg.norm(means, axis=1, keepdims=True)).T
+    assert ((test_x @ weight.T + bias).argmax(1) == cosine.argmax(1)).all()
+    assert not bias.any()
+
+
+@pytest.mark.parametrize("name,head", [("class-means", "ova"), ("ridge", "ova"),
+                                       ("ridge", "softmax")])
+def test_calibration_keeps_the_argmax_and_lowers_the_training_loss(digits, name, head):
+    x, y, test_x, _ = digits
+    init = make_head_init(name)
+    stats = statistics(x, y, init.statistics == "gram")
+    raw = init.linear_head(stats, 64, 10, 0)
+    calibrated = init.build(stats, 64, 10, 0, head)
+    scores = lambda w, b: test_x @ w.T + b
+    assert (scores(*raw).argmax(1) == scores(*calibrated).argmax(1)).all()
+    loss = lambda w, b: float(training_loss(head, torch.from_numpy(x @ w.T + b), y))
+    assert loss(*calibrated) < 0.7 * loss(*raw)
+
+
+def training_loss(head, logits, labels):
+    labels = torch.from_numpy(labels)
+    if head == "softmax":
+        return F.cross_entropy(logits, labels)
+    return F.binary_cross_entropy_with_logits(logits, F.one_hot(labels, 10).double(),
+                                              reduction="none").sum(1).mean()
+
+
+def test_the_score_model_has_the_exact_class_means_and_pooled_covariance(digits):
+    x, y, _, _ = digits
+    rng = np.random.default_rng(0)
+    weight, bias = rng.normal(size=(10, 64)), rng.normal(size=10)
+    model = ScoreModel.of(weight, bias, statistics(x.astype(np.float64), y))
+    scores = x.astype(np.float64) @ weight.T + bias
+    means = np.stack([scores[y == c].mean(0) for c in range(10)])
+    np.testing.assert_allclose(model.means, means, rtol=1e-4, atol=1e-4)
+    centred = scores - means[y]
+    np.testing.assert_allclose(model.covariance, centred.T @ centred / len(y), rtol=1e-3, atol=1e-3)
+
+
+def test_every_start_named_in_the_config_is_registered_and_bad_values_say_what_is_allowed():
+    assert set(HEAD_INITS) == set(REGISTRY)
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_mapping({"head-init": "lda"})
+    assert str(err.value) == ("run config: head-init='lda' is not allowed; choose one of: "
+                              "random, zeros, class-means, ridge")
+    with pytest.raises(ConfigError, match="ridge-lambda=0.0 is not allowed; use a value > 0"):
+        RunConfig.from_mapping({"ridge-lambda": 0.0})
+    with pytest.raises(ConfigError, match="num-server-rounds=-1 is not allowed"):
+        RunConfig.from_mapping({"num-server-rounds": -1})
+
+
+# ------------------------------------------------------------------------------ whole runs
+
+
+def run(cache_dir, tmp_path, clients=CLIENTS, **overrides):
+    config = {"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+              "results-dir": str(tmp_path / "results"), "num-server-rounds": 3,
+              "run-name": "t", **overrides}
+    return read_summary(run_local(config, clients))
+
+
+def centralised_accuracy(digits, name, **options):
+    x, y, test_x, test_y = digits
+    init = make_head_init(name, **options)
+    weight, bias = init.linear_head(statistics(x, y, init.statistics == "gram"), 64, 10, 0)
+    return float(((test_x @ weight.T + bias).argmax(1) == test_y).mean())
+
+
+@pytest.mark.parametrize("name", ["class-means", "ridge"])
+@pytest.mark.parametrize("partition", ["shard", "bernoulli-dirichlet"])
+def test_a_run_without_rounds_is_the_published_classifier_on_any_partition(
+        cache_dir, tmp_path, digits, name, partition):
+    """FedNCM / Fed3R: `num-server-rounds = 0` scores the start, the centralised classifier."""
+    summary = run(cache_dir, tmp_path, partition=partition, **{"head-init": name,
+                                                               "num-server-rounds": 0})
+    assert summary["rounds"] == []
+    assert summary["final_accuracy"] == summary["best_accuracy"] == summary["initial_accuracy"]
+    assert summary["initial_accuracy"] == pytest.approx(centralised_accuracy(digits, name),
+                                                        abs=1 / 360 + 1e-9)
+    start = summary["head_init"]
+    assert start["name"] == name and start["clients_sent"] == CLIENTS - summary["partition"]["num_empty"]
+    kind = "gram" if name == "ridge" else "class-sums"
+    assert start["statistics_bytes_per_client"] >= wire_bytes(kind, 10, 64)
+    assert summary["setup"]["bytes_received"] > start["clients_sent"] * wire_bytes(kind, 10, 64)
+
+
+@pytest.mark.parametrize("norm", ["standardize", "none"])
+def test_rounds_from_a_statistics_start_begin_near_its_accuracy(cache_dir, tmp_path, norm):
+    """Both set-up paths: statistics ride on set_norm (standardize) or on describe (none)."""
+    summary = run(cache_dir, tmp_path, partition="shard", **{"head-init": "class-means",
+                                                             "feature-norm": norm})
+    random = run(cache_dir, tmp_path, partition="shard", **{"feature-norm": norm,
+                                                            "head-init": "random"})
+    assert summary["initial_accuracy"] > 0.7 > random["initial_accuracy"]
+    assert summary["rounds"][0]["accuracy"] > 0.7 > random["rounds"][0]["accuracy"]
+
+
+def test_zero_heads_start_at_chance_and_random_heads_are_the_seeded_torch_init(cache_dir, tmp_path,
+                                                                             digits):
+    zeros = run(cache_dir, tmp_path, **{"head-init": "zeros", "num-server-rounds": 1})
+    assert zeros["initial_accuracy"] == pytest.approx(np.mean(
+        load_or_build("digits", "pixels", cache_dir).test.y == 0))  # every logit 0: class 0
+    from ovalp_flwr.heads import accuracy, build_head
+
+    random = run(cache_dir, tmp_path, **{"head-init": "random", "num-server-rounds": 1})
+    _, _, test_x, test_y = digits
+    head = build_head(64, 10, seed=0)  # what every run before head-init started from
+    assert random["initial_accuracy"] == pytest.approx(
+        accuracy(head, torch.from_numpy(test_x), torch.from_numpy(test_y)))
+
+
+def test_a_start_from_statistics_that_no_client_sent_is_refused(cache_dir):
+    """Every sample lands on some client, so a partition cannot get here; the server checks."""
+    from ovalp_flwr.server import FederationError, StatisticsSum, initial_head
+
+    cache = load_or_build("digits", "pixels", cache_dir)
+    config = RunConfig(encoder="pixels", head_init="ridge")
+    with pytest.raises(FederationError, match="head-init='ridge': no client sent statistics"):
+        initial_head(config, make_head_init("ridge"), StatisticsSum(), cache)
+    with pytest.raises(ValueError, match="needs the clients' statistics; none came"):
+        make_head_init("ridge").build(None, 64, 10, 0, "ova")
