@@ -5,7 +5,7 @@ from flwr.clientapp import ClientApp
 from ovalp_flwr import client
 
 app = ClientApp()
-app.train()(client.train)
+app.train(mods=[client.secure_statistics_mod])(client.train)
 app.evaluate()(client.evaluate)
 app.query("describe")(client.describe)
 app.query("set_norm")(client.set_norm)

@@ -74,18 +74,54 @@ def set_norm(msg: Message, context: Context) -> Message:
 
 def _add_statistics(content: RecordDict, config: RunConfig, context: Context,
                     request: Mapping, digest: str) -> None:
-    """Per-class counts and sums of the normalised features (and their Gram matrix), if asked
-    for; a client without data sends none."""
+    """The class statistics, if asked for; a client without data sends none."""
+    stats = client_statistics(config, context, request, digest)
+    if stats is not None and stats.num_samples:
+        content[p.STATISTICS] = p.to_record(stats.to_arrays())
+
+
+def client_statistics(config: RunConfig, context: Context, request: Mapping,
+                      digest: str) -> ClassStatistics | None:
+    """Per-class counts and sums of the normalised features (and their Gram matrix) the
+    server's request asks for; None if it asks for none."""
     kind = str(request.get(p.STATISTICS_KIND, "none"))
     if kind not in KINDS:
         raise ValueError(f"{p.STATISTICS_KIND}={kind!r} is not allowed; the server asks for one "
                          f"of: {', '.join(KINDS)}")
     if kind == "none":
-        return
+        return None
     features, labels = _device_rows(config, context, digest)
-    if len(labels):
-        stats = ClassStatistics.of(features, labels, int(request[p.NUM_CLASSES]), kind == "gram")
-        content[p.STATISTICS] = p.to_record(stats.to_arrays())
+    return ClassStatistics.of(features, labels, int(request[p.NUM_CLASSES]), kind == "gram")
+
+
+def secure_statistics_mod(msg: Message, context: Context, call_next) -> Message:
+    """A ClientApp mod: the `train` messages of Flower's SecAgg+ workflow (server half:
+    `ovalp_flwr.secure_sum`) go through Flower's `secaggplus_mod`, which masks the statistics
+    `_statistics_fitres` returns; every other message goes on to the handlers untouched."""
+    if msg.metadata.message_type != "train" or p.SECAGG_CONFIGS not in msg.content.config_records:
+        return call_next(msg, context)
+    from flwr.client.mod import secaggplus_mod  # only for this exchange: a light ClientApp
+
+    return secaggplus_mod(msg, context, _statistics_fitres)
+
+
+def _statistics_fitres(msg: Message, context: Context) -> Message:
+    """The requested statistics per sample, as the legacy FitRes that SecAgg+ masks; a client
+    whose statistics exceed the clipping range refuses instead of being clipped."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+    from flwr.compat.common import recorddict_compat as compat
+
+    request = compat.recorddict_to_fitins(msg.content, keep_input=True).config
+    config = RunConfig.from_mapping(context.run_config)
+    stats = client_statistics(config, context, request, str(request.get(p.NORM_DIGEST, "")))
+    vector = stats.per_sample_vector()
+    limit = float(request[p.CLIPPING_RANGE])
+    if np.abs(vector).max(initial=0.0) > limit:
+        raise ValueError(f"a per-sample statistic of this client is {np.abs(vector).max():.4g}, "
+                         f"outside SecAgg+'s clipping range ±{limit:g}; use "
+                         "statistics-aggregation='plain'")
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([vector]), stats.num_samples, {})
+    return Message(content=compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
 
 
 def train(msg: Message, context: Context) -> Message:

@@ -23,6 +23,7 @@ DRIFT_CORRECTIONS = ("none", "scaffold")
 EPOCH_SIZES = ("own-data", "equal-share", "own-data-equal-steps")
 SERVER_OPTIMIZERS = ("fedavg", "fedadam")
 HEAD_INITS = ("random", "zeros", "class-means", "ridge")  # ovalp_flwr.head_init
+STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.secure_sum
 # The paper's recipe, which the defaults were until SCAFFOLD ("Quantity skew") and the
 # closed-form start ("Closed-form starts") replaced it: presets that reproduce the paper, and
 # tests of its claims, pin it.
@@ -82,6 +83,9 @@ class RunConfig:
     # clients' summed statistics (class means: FedNCM; ridge: Fed3R), README "Closed-form starts"
     head_init: str = "ridge"
     ridge_lambda: float = 0.2  # per training sample; Fed3R's published 0.01 is 0.01 / n
+    # how the server sums the clients' statistics: as they come (plain), or under Flower's
+    # SecAgg+, which shows it only their sum
+    statistics_aggregation: str = "plain"
     fraction_train: float = 1.0
     fraction_evaluate: float = 0.0
     seed: int = 0
@@ -129,6 +133,7 @@ class RunConfig:
         _one_of("epoch-size", self.epoch_size, EPOCH_SIZES)
         _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         _one_of("head-init", self.head_init, HEAD_INITS)
+        _one_of("statistics-aggregation", self.statistics_aggregation, STATISTICS_AGGREGATIONS)
         _positive("ridge-lambda", self.ridge_lambda)
         if self.drift_correction == "scaffold" and self.local_optimizer != "sgd":
             raise ConfigError("drift-correction", self.drift_correction,

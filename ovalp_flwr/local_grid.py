@@ -8,6 +8,7 @@ under Flower's runtimes.
 
 from __future__ import annotations
 
+import copy
 import tomllib
 import uuid
 from collections.abc import Iterable
@@ -87,12 +88,14 @@ class InProcessGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
     def _deliver(self, message: Message) -> Message:
-        """Call the ClientApp; an exception becomes an error reply, as in Flower's runtime."""
+        """Call the ClientApp with its own copy of the message, as the network would give it
+        (a handler or mod may change what it received: SecAgg+'s does); an exception becomes
+        an error reply, as in Flower's runtime."""
         context = self.contexts[message.metadata.dst_node_id]
         if message.metadata.dst_node_id in self.offline:  # what the SuperLink answers for it
             return Message(error=Error(code=0, reason="node offline"), reply_to=message)
         try:
-            return self.client_app(message, context)
+            return self.client_app(copy.deepcopy(message), context)
         except Exception as err:  # noqa: BLE001 - mirrored into the reply like Flower does
             return Message(error=Error(code=0, reason=f"{type(err).__name__}: {err}"),
                            reply_to=message)

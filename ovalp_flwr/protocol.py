@@ -38,6 +38,8 @@ OWN_DATA = "own-data"  # 1: the node reads its own data dir / cache dir, not the
 FEATURE_SPACE = "feature-space"  # digest of encoder identity + label set (CachedFeatures)
 STATISTICS_KIND = "statistics-kind"  # what the server asks for: head_init.statistics.KINDS
 NUM_CLASSES = "num-classes"  # the server's label set size, for the statistics' shape
+CLIPPING_RANGE = "secagg-clipping-range"  # |per-sample statistic| SecAgg+ can carry
+SECAGG_CONFIGS = "secaggplus_configs"  # flwr...secaggplus_constants.RECORD_KEY_CONFIGS
 NORM_STATE = "ovalp-norm"  # key of the client's stored statistics in context.state
 
 

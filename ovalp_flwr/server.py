@@ -50,15 +50,21 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     init = make_head_init(config.head_init, config.ridge_lambda)
     setup, summed = SetupCosts(), StatisticsSum()
     request = statistics_request(init.statistics, cache.num_classes)
-    norm_needs_stats = NEEDS_STATS[config.feature_norm]
-    clients = describe_clients(grid, nodes, costs=setup,
-                               request={} if norm_needs_stats else request, statistics=summed)
+    secure = config.statistics_aggregation == "secagg+" and bool(request)
+    # plain statistics ride on the last set-up message: set_norm, or describe without one
+    ride_on_describe = not NEEDS_STATS[config.feature_norm] and not secure
+    clients = describe_clients(grid, nodes, costs=setup, request=request if ride_on_describe
+                               else {}, statistics=summed)
     check_feature_space(clients, cache)
     partition = partition_summary(config, clients, cache)
     log(INFO, "partition %s", partition)
     stats = global_stats(config, clients)
     if stats is not None:
-        broadcast_stats(grid, stats, list(clients), costs=setup, request=request, statistics=summed)
+        broadcast_stats(grid, stats, list(clients), costs=setup,
+                        request={} if secure else request, statistics=summed)
+    if secure:
+        summed.add_secure(grid, clients, {**request, p.NORM_DIGEST: stats.digest() if stats else ""},
+                          cache.train.x.shape[1], setup)
     initial, start = initial_head(config, init, summed, cache)
 
     # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
@@ -114,12 +120,32 @@ class SetupCosts:
 
 class StatisticsSum:
     """The federation's class statistics, added up reply by reply: no client's copy is kept
-    (a Gram matrix is D² floats per client)."""
+    (a Gram matrix is D² floats per client); or summed under SecAgg+ (`add_secure`)."""
 
     def __init__(self) -> None:
         self.total: ClassStatistics | None = None
         self.senders = 0
-        self.wire_bytes = 0
+        self.wire_bytes = 0.0
+        self.secure = False
+
+    def add_secure(self, grid: Grid, clients: dict[int, dict], request: dict, num_features: int,
+                   costs: SetupCosts) -> None:
+        """Flower's SecAgg+ (`secure_sum`): only the sum and the sample counts are seen."""
+        from ovalp_flwr.secure_sum import secure_statistics
+
+        sizes = {node: int(c[p.NUM_EXAMPLES]) for node, c in clients.items()}
+        counted = CountingGrid(grid)
+        started = time.perf_counter()
+        total = secure_statistics(counted, list(clients), request, sizes, num_features)
+        costs.add(counted.sent, counted.received, time.perf_counter() - started)
+        if total is None:
+            said = f"; node {counted.errors[0][0]} said: {counted.errors[0][1]}" if counted.errors \
+                else ""
+            raise FederationError(f"statistics-aggregation='secagg+': SecAgg+ did not complete "
+                                  f"({len(counted.errors)} client error(s)){said}")
+        self.total = total
+        self.senders, self.secure = sum(1 for n in sizes.values() if n), True
+        self.wire_bytes = sum(message_bytes(c) for c in counted.received) / max(len(clients), 1)
 
     def add(self, content: RecordDict) -> None:
         if p.STATISTICS not in content:
@@ -129,6 +155,25 @@ class StatisticsSum:
         self.total = part if self.total is None else ClassStatistics.merge([self.total, part])
         self.senders += 1
         self.wire_bytes += record.count_bytes()
+
+
+class CountingGrid:
+    """A grid that remembers what went through `send_and_receive` (SecAgg+'s exchanges)."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid, self.sent, self.received = grid, [], []
+        self.errors: list[tuple[int, str]] = []  # (node, reason) of failed replies
+
+    def __getattr__(self, name: str):
+        return getattr(self.grid, name)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        replies = list(self.grid.send_and_receive(messages, timeout=timeout))
+        self.sent += [m.content for m in messages]
+        self.received += [m.content for m in replies if not m.has_error()]
+        self.errors += [(m.metadata.src_node_id, m.error.reason) for m in replies if m.has_error()]
+        return replies
 
 
 def statistics_request(kind: str, num_classes: int) -> dict:
@@ -147,8 +192,10 @@ def initial_head(config: RunConfig, init, summed: StatisticsSum,
                               config.seed, config.head)
     seconds = time.perf_counter() - started
     info = {"name": init.name, "statistics": init.statistics, "clients_sent": summed.senders,
-            "statistics_bytes_per_client": summed.wire_bytes / summed.senders if summed.senders
-            else 0.0, "server_seconds": seconds}
+            "aggregation": "secagg+" if summed.secure else "plain",
+            "statistics_bytes_per_client": summed.wire_bytes if summed.secure
+            else summed.wire_bytes / summed.senders if summed.senders else 0.0,
+            "server_seconds": seconds}
     if init.statistics != "none":
         log(INFO, "head-init %s: statistics from %d clients (%.0f kB each), built in %.2f s",
             init.name, summed.senders, info["statistics_bytes_per_client"] / 1e3, seconds)

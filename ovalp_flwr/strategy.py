@@ -33,9 +33,21 @@ from ovalp_flwr.protocol import (ARRAYS, CORRECTION, LOCAL_STEPS, METRICS, NUM_E
 
 def message_bytes(content: RecordDict) -> int:
     """Payload bytes of a message: serialized arrays, metrics and config (no framing)."""
-    records = [*content.array_records.values(), *content.metric_records.values(),
-               *content.config_records.values()]
-    return sum(record.count_bytes() for record in records)
+    records = [*content.array_records.values(), *content.metric_records.values()]
+    return (sum(record.count_bytes() for record in records)
+            + sum(config_bytes(record) for record in content.config_records.values()))
+
+
+def config_bytes(record: ConfigRecord) -> int:
+    """ConfigRecord.count_bytes's rule (keys and str/bytes by length, numbers 8 bytes, bools 1),
+    for every record: Flower's raises on an empty list, "" or b"" (SecAgg+ sends them)."""
+    def size(value) -> int:
+        if isinstance(value, (str, bytes)):
+            return len(value)
+        return 1 if isinstance(value, bool) else 8
+
+    return sum(len(key) + (sum(map(size, value)) if isinstance(value, list) else size(value))
+               for key, value in record.items())
 
 
 class ControlVariates:

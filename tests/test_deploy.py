@@ -67,6 +67,8 @@ def test_three_supernodes_with_their_own_caches_complete_a_run(tmp_path, capfd, 
     assert summary["num_clients"] == 3 and [r["round"] for r in summary["rounds"]] == [1, 2]
     assert summary["partition"]["kind"] == "iid of node-local data"
     assert summary["final_accuracy"] > 0.5
+    # the ridge start from the statistics of each node's own data, sent once each
+    assert summary["head_init"]["clients_sent"] == 3 and summary["initial_accuracy"] > 0.85
     for i in range(3):  # each SuperNode built and kept its own cache and rows
         cache = tmp_path / f"node{i}" / "cache"
         assert (cache / "digits__pixels" / "manifest.json").exists()
@@ -125,7 +127,9 @@ def test_a_supernode_that_joins_late_trains_from_the_next_round(tmp_path, capfd)
     code, final_line = outcome["result"]
     assert code == 0 and final_line.startswith("0."), out[-3000:]
     assert "1 node(s) connected late, 1 admitted; 3 in the federation" in out
-    rounds = json.loads((results / "late" / "summary.json").read_text())["rounds"]
+    summary = json.loads((results / "late" / "summary.json").read_text())
+    assert summary["head_init"]["clients_sent"] == 2  # the heads started before it came
+    rounds = summary["rounds"]
     trained = [r["clients_trained"] for r in rounds]
     joined = trained.index(3)  # the first round after it connected; from then on, every round
     assert trained[0] == 2 and 1 <= joined <= 2 and trained[joined:] == [3] * (4 - joined), trained

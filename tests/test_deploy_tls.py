@@ -40,9 +40,12 @@ def wait_for_exit(process, timeout: float) -> int | None:
 
 
 def test_tls_and_node_auth_run_to_completion_and_refuse_an_unregistered_node(tmp_path):
+    """With the statistics under SecAgg+ too: its key shares and masks survive a fresh ClientApp
+    process per message (the mod's state lives in the node's context)."""
     flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
     run_config = (f"encoder='pixels' num-server-rounds=2 partition='iid' run-name='tls' "
-                  f"results-dir='{results}' feature-cache-dir='{tmp_path / 'cache'}'")
+                  f"results-dir='{results}' feature-cache-dir='{tmp_path / 'cache'}' "
+                  "statistics-aggregation='secagg+'")
     logs = flwr_home / "deploy"
     with deploy.local_deployment(3, flwr_home, secure=True) as deployment:
         config = (flwr_home / "config.toml").read_text()
@@ -65,6 +68,7 @@ def test_tls_and_node_auth_run_to_completion_and_refuse_an_unregistered_node(tmp
     assert code == 0 and final_line.startswith("0."), final_line
     summary = json.loads((results / "tls" / "summary.json").read_text())
     assert summary["num_clients"] == 3 and [r["round"] for r in summary["rounds"]] == [1, 2]
+    assert summary["head_init"]["aggregation"] == "secagg+" and summary["initial_accuracy"] > 0.85
     for i in range(3):  # registered nodes were activated over TLS
         assert "SuperNode ID" in (logs / f"supernode-{i}.log").read_text(errors="replace")
     assert (logs / "superlink.log").read_text().count("Activated node_id") == 3

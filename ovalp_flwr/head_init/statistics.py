@@ -93,6 +93,28 @@ class ClassStatistics:
         return cls(counts, sums, square_norms, gram)
 
 
+    def per_sample_vector(self) -> np.ndarray:
+        """The statistics divided by the sample count, flat (the square norms also by D, to
+        sit where the other entries do): what secure aggregation averages, weighted by count."""
+        n, d = max(self.num_samples, 1), self.sums.shape[1]
+        arrays = self.to_arrays()
+        return np.concatenate([arrays["counts"] / n, arrays["sums"].ravel() / n,
+                               arrays["square-norms"] / (n * d),
+                               arrays.get("gram-triu", np.zeros(0)) / n]).astype(np.float64)
+
+    @classmethod
+    def from_per_sample_vector(cls, vector: np.ndarray, num_samples: int, num_classes: int,
+                               num_features: int) -> "ClassStatistics":
+        """The federation's sums from the count-weighted average of `per_sample_vector`s."""
+        k, d = num_classes, num_features
+        counts, sums, square_norms, gram = np.split(vector * num_samples,
+                                                    np.cumsum([k, k * d, k]))
+        arrays = {"counts": counts, "sums": sums.reshape(k, d), "square-norms": square_norms * d}
+        if gram.size:
+            arrays["gram-triu"] = gram
+        return cls.from_arrays(arrays)
+
+
 def unpack_symmetric(upper: np.ndarray, size: int) -> np.ndarray:
     """The full symmetric matrix from its row-major upper triangle (diagonal included)."""
     if upper.shape != (size * (size + 1) // 2,):

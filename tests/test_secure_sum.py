@@ -1,0 +1,128 @@
+"""The statistics under Flower's SecAgg+: the server gets the sums, and only the sums."""
+
+import logging
+
+import numpy as np
+import pytest
+
+import client_app
+from ovalp_flwr import protocol as p
+from ovalp_flwr import secure_sum
+from ovalp_flwr.cache import load_or_build
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.head_init import ClassStatistics
+from ovalp_flwr.local_grid import InProcessGrid, app_config, run_local
+from ovalp_flwr.results import read_summary
+from ovalp_flwr.server import FederationError, StatisticsSum, run_server
+
+logging.getLogger("flwr").setLevel(logging.WARNING)
+CLIENTS = 12
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cache")
+    load_or_build("digits", "pixels", path, progress=False)
+    return path
+
+
+class Recording(InProcessGrid):
+    """Keeps every reply the server receives, to show what it could see."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.replies = []
+
+    def _deliver(self, message):
+        reply = super()._deliver(message)
+        self.replies.append(reply)
+        return reply
+
+
+def run(cache_dir, tmp_path, aggregation, partition="shard", clients=CLIENTS):
+    """One run without rounds; the summed statistics as the server got them, and the grid."""
+    config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
+              "results-dir": str(tmp_path / aggregation), "run-name": "t", "partition": partition,
+              "num-server-rounds": 0, "statistics-aggregation": aggregation}
+    grid = Recording(client_app.app, clients, config)
+    sums = []
+    original = StatisticsSum.__init__
+
+    def keep(self):
+        original(self)
+        sums.append(self)
+
+    StatisticsSum.__init__ = keep
+    try:
+        summary = read_summary(run_server(grid, RunConfig.from_mapping(config)))
+    finally:
+        StatisticsSum.__init__ = original
+    return summary, sums[0].total, grid
+
+
+@pytest.mark.parametrize("partition", ["shard", "bernoulli-dirichlet", "zipf"])
+def test_secagg_sums_are_the_plain_sums_to_its_quantisation(cache_dir, tmp_path, partition):
+    plain, plain_sums, _ = run(cache_dir, tmp_path, "plain", partition)
+    secure, secure_sums, _ = run(cache_dir, tmp_path, "secagg+", partition)
+    for field in ("counts", "sums", "square_norms", "gram"):  # to 1e-3 of each one's scale
+        exact, masked = getattr(plain_sums, field), getattr(secure_sums, field)
+        np.testing.assert_allclose(masked, exact, atol=1e-3 * np.abs(exact).max())
+    assert secure["initial_accuracy"] == pytest.approx(plain["initial_accuracy"], abs=1 / 360)
+    assert secure["head_init"]["aggregation"] == "secagg+"
+    assert secure["head_init"]["clients_sent"] == plain["head_init"]["clients_sent"]
+    assert secure["setup"]["messages"] == plain["setup"]["messages"] + 4 * CLIENTS  # 4 stages
+
+
+def test_under_secagg_no_reply_carries_a_clients_statistics(cache_dir, tmp_path):
+    """Plain: set_norm replies hold each client's class sums. SecAgg+: no reply holds them,
+    and the one vector each client uploads is masked (it looks nothing like its statistics)."""
+    _, _, plain_grid = run(cache_dir, tmp_path, "plain")
+    assert sum(p.STATISTICS in r.content for r in plain_grid.replies) == CLIENTS
+    _, sums, grid = run(cache_dir, tmp_path, "secagg+")
+    assert not any(p.STATISTICS in r.content for r in grid.replies if not r.has_error())
+    from flwr.common import bytes_to_ndarray
+    from flwr.common.secure_aggregation.secaggplus_constants import Key
+
+    masked = [r.content[p.SECAGG_CONFIGS][Key.MASKED_PARAMETERS] for r in grid.replies
+              if not r.has_error()
+              and Key.MASKED_PARAMETERS in r.content.config_records.get(p.SECAGG_CONFIGS, {})]
+    assert len(masked) == CLIENTS
+    upload = bytes_to_ndarray(masked[0][1])  # [0] is the masked weight, [1] the statistics
+    assert upload.size == sums.per_sample_vector().size
+    assert np.unique(upload).size > 0.99 * upload.size  # uniform masks, not counts and sums
+
+
+def test_a_client_whose_statistics_exceed_the_clipping_range_stops_the_run_naming_why(
+        cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(secure_sum, "CLIPPING_RANGE", 0.5)
+    with pytest.raises(FederationError, match=r"statistics-aggregation='secagg\+': SecAgg\+ did "
+                       r"not complete .* said: .*outside SecAgg\+'s clipping range ±0.5"):
+        run(cache_dir, tmp_path, "secagg+")
+
+
+def test_the_per_sample_vector_round_trips(cache_dir):
+    rng = np.random.default_rng(0)
+    import torch
+
+    features = torch.from_numpy(rng.normal(size=(40, 6)).astype(np.float32))
+    stats = ClassStatistics.of(features, torch.from_numpy(np.arange(40) % 3), 3, True)
+    back = ClassStatistics.from_per_sample_vector(stats.per_sample_vector(), 40, 3, 6)
+    for field in ("counts", "sums", "square_norms", "gram"):
+        np.testing.assert_allclose(getattr(back, field), getattr(stats, field), rtol=1e-6)
+
+
+def test_the_secagg_config_key_is_flowers_and_levels_never_overflow_the_modulus():
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    assert p.SECAGG_CONFIGS == RECORD_KEY_CONFIGS
+    for clients in (2, 3, 100, 1000):
+        assert clients * secure_sum.quantization_range(clients) <= secure_sum.MODULUS_RANGE // 2
+
+
+def test_secagg_runs_whole_federations_and_small_ones(cache_dir, tmp_path):
+    summary = read_summary(run_local({
+        "encoder": "pixels", "feature-cache-dir": str(cache_dir), "results-dir": str(tmp_path),
+        "run-name": "t", "num-server-rounds": 2, "statistics-aggregation": "secagg+",
+        "partition": "iid"}, 3))
+    assert summary["head_init"]["aggregation"] == "secagg+" and summary["initial_accuracy"] > 0.85
+    assert [r["clients_trained"] for r in summary["rounds"]] == [3, 3]
