@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from ovalp_flwr.cache import CachedFeatures, load_or_build
 from ovalp_flwr.client_data import all_partitions, resolve_path
 from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.devices import resolve_device
-from ovalp_flwr.head_init import ClassStatistics, make_head_init
+from ovalp_flwr.head_init import ClassStatistics, HeadInit, make_head_init
 from ovalp_flwr.heads import accuracy, head_from_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize
 from ovalp_flwr.partition import PartitionSummary, summarize_partition, summarize_sizes
@@ -48,24 +49,9 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     nodes = wait_for_nodes(grid)
     check_num_clients(len(nodes), len(cache.train.y))  # nodes with own data check theirs
     init = make_head_init(config.head_init, config.ridge_lambda)
-    setup, summed = SetupCosts(), StatisticsSum()
-    request = statistics_request(init.statistics, cache.num_classes)
-    secure = config.statistics_aggregation == "secagg+" and bool(request)
-    # plain statistics ride on the last set-up message: set_norm, or describe without one
-    ride_on_describe = not NEEDS_STATS[config.feature_norm] and not secure
-    clients = describe_clients(grid, nodes, costs=setup, request=request if ride_on_describe
-                               else {}, statistics=summed)
-    check_feature_space(clients, cache)
-    partition = partition_summary(config, clients, cache)
-    log(INFO, "partition %s", partition)
-    stats = global_stats(config, clients)
-    if stats is not None:
-        broadcast_stats(grid, stats, list(clients), costs=setup,
-                        request={} if secure else request, statistics=summed)
-    if secure:
-        summed.add_secure(grid, clients, {**request, p.NORM_DIGEST: stats.digest() if stats else ""},
-                          cache.train.x.shape[1], setup)
-    initial, start = initial_head(config, init, summed, cache)
+    setup = set_up(grid, nodes, config, cache, init.statistics)
+    initial, start = initial_head(config, init, setup.statistics, cache)
+    clients, stats = setup.clients, setup.norm
 
     # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
     digest_config = {p.NORM_DIGEST: stats.digest()} if stats else {}
@@ -85,10 +71,10 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
         num_rounds=config.num_server_rounds,
         evaluate_fn=evaluator,
     )
-    summary = _summary(config, result, strategy, evaluator, partition, cache, stats)
+    summary = _summary(config, result, strategy, evaluator, setup.partition, cache, stats)
     summary["label_noise"] = label_noise_summary(config, clients)
     summary["local_steps"] = config.local_steps or steps or None  # None: epochs of own data
-    summary["setup"] = setup.to_dict()
+    summary["setup"] = setup.costs.to_dict()
     summary["head_init"] = start
     summary["total_seconds"] = time.time() - started
     run_name = config.run_name or default_run_name(config.to_dict())
@@ -97,6 +83,41 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
         summary["final_accuracy"], config.num_server_rounds, config.head, config.schedule,
         config.partition, out)
     return out
+
+
+@dataclass
+class SetUp:
+    """What the set-up exchanges established before round 1."""
+
+    clients: dict[int, dict]  # node -> what its describe reply said
+    partition: PartitionSummary
+    norm: NormStats | None  # the global mean/std every client normalises with
+    statistics: StatisticsSum  # the clients' class statistics, summed, if the start needs them
+    costs: SetupCosts
+
+
+def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeatures,
+           statistics_kind: str) -> SetUp:
+    """describe, then set_norm; the start's statistics ride on the last of them (set_norm, or
+    describe when the normalisation needs no global statistics), or come under SecAgg+ after
+    them (`statistics-aggregation = "secagg+"`)."""
+    costs, summed = SetupCosts(), StatisticsSum()
+    request = statistics_request(statistics_kind, cache.num_classes)
+    secure = config.statistics_aggregation == "secagg+" and bool(request)
+    on_describe = not NEEDS_STATS[config.feature_norm] and not secure
+    clients = describe_clients(grid, nodes, costs=costs, request=request if on_describe else {},
+                               statistics=summed)
+    check_feature_space(clients, cache)
+    partition = partition_summary(config, clients, cache)
+    log(INFO, "partition %s", partition)
+    norm = global_stats(config, clients)
+    if norm is not None:
+        broadcast_stats(grid, norm, list(clients), costs=costs,
+                        request={} if secure else request, statistics=summed)
+    if secure:
+        summed.add_secure(grid, clients, {**request, p.NORM_DIGEST: norm.digest() if norm else ""},
+                          cache.train.x.shape[1], costs)
+    return SetUp(clients, partition, norm, summed, costs)
 
 
 class SetupCosts:
@@ -181,7 +202,7 @@ def statistics_request(kind: str, num_classes: int) -> dict:
     return {} if kind == "none" else {p.STATISTICS_KIND: kind, p.NUM_CLASSES: num_classes}
 
 
-def initial_head(config: RunConfig, init, summed: StatisticsSum,
+def initial_head(config: RunConfig, init: HeadInit, summed: StatisticsSum,
                  cache: CachedFeatures) -> tuple[dict[str, np.ndarray], dict]:
     """The heads the first round starts from, and what `summary.json` says of them."""
     started = time.perf_counter()

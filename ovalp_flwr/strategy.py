@@ -218,8 +218,10 @@ class Staged:
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAvg (or the base strategy's step) over the clients that trained on data."""
-        replies = list(replies)
+        """FedAvg (or the base strategy's step) over the clients that trained on data, added up
+        in the clients' partition order, not their replies' arrival order: floating-point sums
+        then come out the same under Ray, in deployment and in process, bit for bit."""
+        replies = sorted(replies, key=self._position)
         ok = [m for m in replies if not m.has_error()]
         trained = _with_data(ok)
         start = time.perf_counter()
@@ -231,6 +233,12 @@ class Staged:
         record.update(_reply_costs(ok, trained, len(replies) - len(ok)))
         record["server_aggregate_seconds"] = time.perf_counter() - start
         return arrays, metrics
+
+    def _position(self, message: Message) -> tuple[int, int]:
+        """Where a reply's node stands in the sampling order (nodes outside it: last)."""
+        node = message.metadata.src_node_id
+        order = self.node_order or []
+        return (order.index(node) if node in order else len(order), node)
 
     def _reweighted(self, message: Message) -> Message:
         """The reply as the average should weigh it: as is, or counting once (uniform)."""

@@ -1,4 +1,5 @@
-"""The test session: SIGTERM (a CI timeout, `kill`) stops it the way Ctrl-C does.
+"""The test session: SIGTERM (a CI timeout, `kill`) stops it the way Ctrl-C does; the digits
+feature cache most tests run on.
 
 Python's default for SIGTERM is to die on the spot, leaving every SuperLink, SuperNode and
 Ray process that the running test started. As a KeyboardInterrupt it unwinds that test's
@@ -6,6 +7,18 @@ Ray process that the running test started. As a KeyboardInterrupt it unwinds tha
 """
 
 import signal
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """Digits through the `pixels` encoder: real data, 64-d, built in milliseconds."""
+    from ovalp_flwr.cache import load_or_build
+
+    path = tmp_path_factory.mktemp("cache")
+    load_or_build("digits", "pixels", path, progress=False)
+    return path
 
 
 def _interrupt(signum: int, _frame: object) -> None:

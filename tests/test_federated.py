@@ -11,20 +11,11 @@ from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 import client_app
 import server_app
 from ovalp_flwr import protocol as p
-from ovalp_flwr.cache import load_or_build
 from ovalp_flwr.config import RECIPE, ConfigError
 from ovalp_flwr.local_grid import InProcessGrid, app_config, run_local
 from ovalp_flwr.results import read_summary
 
 logging.getLogger("flwr").setLevel(logging.WARNING)
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    """Digits through the `pixels` encoder: real data, 64-d, built in milliseconds."""
-    path = tmp_path_factory.mktemp("cache")
-    load_or_build("digits", "pixels", path, progress=False)
-    return path
 
 
 def run(cache_dir, tmp_path, clients=20, **overrides):

@@ -10,6 +10,8 @@ import pytest
 
 from ovalp_flwr import launch
 from ovalp_flwr.cache import load_or_build
+from ovalp_flwr.local_grid import run_local
+from ovalp_flwr.results import read_summary
 
 pytestmark = pytest.mark.e2e
 
@@ -54,6 +56,13 @@ def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path):
     assert summary["final_accuracy"] > 0.8  # 10 classes: chance is 0.1
     assert summary["head_init"] == {**summary["head_init"], "name": "ridge", "clients_sent": 4}
     assert summary["initial_accuracy"] > 0.85  # the ridge start, before any round
+    # the in-process runner gives the same run, bit for bit, start included
+    local = read_summary(run_local({"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                                    "results-dir": str(results_dir), "num-server-rounds": 2,
+                                    "run-name": "local", "partition": "shard"}, 4))
+    assert [local["initial_accuracy"], *(r["accuracy"] for r in local["rounds"])] == \
+        [summary["initial_accuracy"], *(r["accuracy"] for r in summary["rounds"])]
+    assert [r["train_loss"] for r in local["rounds"]] == [r["train_loss"] for r in summary["rounds"]]
     assert left_behind(flwr_home) == set(), "the run left Flower/Ray processes behind"
     assert (flwr_home / "config.toml").exists()
 

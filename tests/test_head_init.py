@@ -23,13 +23,6 @@ CLIENTS = 20
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
-    load_or_build("digits", "pixels", path, progress=False)
-    return path
-
-
-@pytest.fixture(scope="module")
 def digits(cache_dir):
     """Standardised training and test features of digits, as a run normalises them."""
     cache = load_or_build("digits", "pixels", cache_dir, progress=False)

@@ -8,7 +8,6 @@ import pytest
 import client_app
 from ovalp_flwr import protocol as p
 from ovalp_flwr import secure_sum
-from ovalp_flwr.cache import load_or_build
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.head_init import ClassStatistics
 from ovalp_flwr.local_grid import InProcessGrid, app_config, run_local
@@ -17,13 +16,6 @@ from ovalp_flwr.server import FederationError, StatisticsSum, run_server
 
 logging.getLogger("flwr").setLevel(logging.WARNING)
 CLIENTS = 12
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
-    load_or_build("digits", "pixels", path, progress=False)
-    return path
 
 
 class Recording(InProcessGrid):
