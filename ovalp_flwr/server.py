@@ -79,9 +79,9 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     summary["total_seconds"] = time.time() - started
     run_name = config.run_name or default_run_name(config.to_dict())
     out = write_run(resolve_path(config.results_dir), run_name, summary)
-    log(INFO, "final accuracy %.4f after %d rounds (%s, %s, %s); results in %s",
-        summary["final_accuracy"], config.num_server_rounds, config.head, config.schedule,
-        config.partition, out)
+    log(INFO, "final accuracy %.4f after %d rounds (%s start %.4f; %s, %s, %s); results in %s",
+        summary["final_accuracy"], config.num_server_rounds, config.head_init,
+        summary["initial_accuracy"], config.head, config.schedule, config.partition, out)
     return out
 
 

@@ -25,7 +25,8 @@ def run(cache_dir, tmp_path, clients=20, **overrides):
     return read_summary(run_local(config, clients))
 
 
-def test_run_learns_and_writes_results(cache_dir, tmp_path):
+def test_run_learns_and_writes_results(cache_dir, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="flwr")
     summary = run(cache_dir, tmp_path, **{"head-init": "random"})  # learning from scratch
     assert summary["final_accuracy"] > 0.6  # 10 classes: chance is 0.1
     assert summary["initial_accuracy"] < 0.3
@@ -38,6 +39,10 @@ def test_run_learns_and_writes_results(cache_dir, tmp_path):
     with open(tmp_path / "results" / "t" / "rounds.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert [float(r["accuracy"]) for r in rows] == [r["accuracy"] for r in rounds]
+    closing = [r.getMessage() for r in caplog.records if r.getMessage().startswith("final accuracy")]
+    assert closing == [f"final accuracy {summary['final_accuracy']:.4f} after 6 rounds (random start "
+                       f"{summary['initial_accuracy']:.4f}; ova, two-stage, shard); results in "
+                       f"{tmp_path / 'results' / 't'}"]
 
 
 def test_same_seed_same_run_other_seed_other_run(cache_dir, tmp_path):
