@@ -367,6 +367,41 @@ def pivots(preset: Preset, cells: dict[Choices, list[RunResult]], metric: str,
     return "\n".join(blocks)
 
 
+WORST_OF = {"round_3": min, "final": min, "r_final": min, TARGET: max}  # what "worst" means
+
+
+def worst_over_partitions(preset: Preset, cells: dict[Choices, list[RunResult]],
+                          metric: str) -> str:
+    """Rows = methods, columns = the other axes' combinations (datasets); each cell is the
+    worst partition's mean over seeds, named, so one line says whether a method holds on every
+    partition. A round to the target counts as never where any seed of a partition never got
+    there; `k/N` marks a cell with runs for only k of its N partitions."""
+    worst, column = WORST_OF[metric], metrics(preset)[metric]
+    partitions = [p for p in preset.axes[REFERENCE_AXIS]
+                  if metric != "r_final" or p != REFERENCE_CHOICE]
+    rests = list(dict.fromkeys(without(c, (METHOD_AXIS, REFERENCE_AXIS)) for c in combos(preset)))
+    rows = []
+    for method in preset.axes[METHOD_AXIS]:
+        row = [method]
+        for rest in rests:
+            found: list[tuple[float, str]] = []
+            for partition in partitions:
+                choices = {**dict(rest), METHOD_AXIS: method, REFERENCE_AXIS: partition}
+                runs = cells.get(tuple((a, choices[a]) for a in preset.axes), [])
+                values = cell_stat(runs, column)
+                never = metric == TARGET and runs and values.n < len(runs)
+                if runs and (values.mean is not None or never):
+                    found.append((math.inf if never else values.mean, partition))
+            value, partition = worst(found) if found else (None, "")
+            if len(found) > 1 and len({v for v, _ in found}) == 1:
+                partition = "every one"  # a tie names no partition
+            text = "" if value is None else NEVER if value == math.inf else column[2](value)
+            share = "" if len(found) == len(partitions) else f", {len(found)}/{len(partitions)}"
+            row.append(f"{text} ({partition}{share})" if found else "")
+        rows.append(row)
+    return md_table(["method", *(label(rest) for rest in rests)], rows, 1)
+
+
 def noise_tables(preset: Preset, runs: Sequence[RunResult]) -> str:
     """Decline per noise choice (rows: the other axes' combinations), and the realised rates."""
     noisy = [n for n in preset.axes[NOISE_AXIS] if n != CLEAN_CHOICE]
@@ -485,6 +520,12 @@ def markdown(preset: Preset, runs: list[RunResult], missing: list[tuple[str, str
         if preset.ceiling_fraction is not None:
             parts.append("## Ablation: accuracy after round 1 (%)\n\n"
                          + pivots(preset, cells, "round_1", True))
+    if preset.ceiling_fraction is not None and {METHOD_AXIS, REFERENCE_AXIS} <= set(preset.axes):
+        parts.append("## Worst partition\n\nEach cell: the partition where the method does "
+                     "worst (mean over seeds), and which one it is; `k/N`: only k of the N "
+                     "partitions have runs yet.\n\n" + "\n".join(
+                         f"### {metrics(preset)[name][0]}\n\n"
+                         + worst_over_partitions(preset, cells, name) for name in WORST_OF))
     if NOISE_AXIS in preset.axes:
         parts.append("## Label noise\n\n" + noise_tables(preset, runs))
     parts.append("## Plots\n\n" + "".join(f"![{p}]({p})\n" for p in plots))

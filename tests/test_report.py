@@ -217,6 +217,31 @@ def test_speed_to_the_ceiling_by_hand(tmp_path):
     assert "| fed3r | 69.00 ± 12.73 |" in pivot
 
 
+def test_worst_partition_names_it_and_counts_never_and_missing_partitions(tmp_path):
+    """Bar = 76%: ridge is there from the start on iid, in round 2 on shard-1 (seed 0) and never
+    on shard-1 (seed 1); fed3r has run on iid only."""
+    preset = write_preset(tmp_path, CEILING + 'shard-1 = { partition = "shard" }\n',
+                          "tiny-ceiling")
+    ceilings = tmp_path / "ceilings.json"
+    ceilings.write_text('{"cases": {"digits:pixels": {"ceiling": 0.8}}}')
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        fabricate(preset, results, f"ridge-iid-seed{seed}", [0.8, 0.8, 0.9, 0.9], initial=0.78)
+        fabricate(preset, results, f"fed3r-iid-seed{seed}", [], initial=0.78)
+    fabricate(preset, results, "ridge-shard-1-seed0", [0.7, 0.8, 0.7, 0.72], initial=0.68)
+    fabricate(preset, results, "ridge-shard-1-seed1", [0.7, 0.7, 0.7, 0.72], initial=0.68)
+    text = (report(tmp_path, preset, "--ceilings", str(ceilings)) / "report.md").read_text()
+    worst = text.split("## Worst partition")[1].split("## Plots")[0]
+    tables = {block.split("\n")[0]: block for block in worst.split("### ")[1:]}
+    assert "| ridge | 70.00 (shard-1) |" in tables["Round 3 (%)"]  # iid: 90
+    assert "| ridge | 72.00 (shard-1) |" in tables["Final acc. (%)"]
+    assert "| ridge | 80.00 (shard-1) |" in tables["R(final) (%)"]  # 72 / 90
+    assert "| ridge | never (shard-1) |" in tables["Round to 95% of ceiling"]
+    # fed3r: every run at the bar from the start, on the one partition it has so far
+    assert "| fed3r | 0.0 (iid, 1/2) |" in tables["Round to 95% of ceiling"]
+    assert "| fed3r |  |" in tables["R(final) (%)"]  # no shard-1 run, so no R
+
+
 def test_a_ceiling_preset_without_a_measured_ceiling_says_how_to_measure_it(tmp_path, capsys):
     preset = write_preset(tmp_path, CEILING, "tiny-ceiling")
     fabricate(preset, tmp_path / "results", "fed3r-iid-seed0", [], initial=0.78)
