@@ -763,6 +763,9 @@ def _png(plt: Any, fig: Any) -> bytes:
     return buffer.getvalue()
 
 
+CEILING_TICKS = (0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 500)
+
+
 def ceiling_plot(preset: Preset, runs: Sequence[RunResult]) -> bytes:
     """Accuracy as a share of the dataset's ceiling from round 0 on: one row of panels per
     combination of the axes besides method and partition (the datasets), one panel per
@@ -792,7 +795,10 @@ def ceiling_plot(preset: Preset, runs: Sequence[RunResult]) -> bytes:
                             linewidth=1.4)
             ax.axhline(100 * preset.ceiling_fraction, color="grey", linestyle="--", linewidth=1)
             ax.set_xscale("symlog", linthresh=5, linscale=1.5)
-            ax.set_title(title((*rest, (REFERENCE_AXIS, partition))), fontsize=9)
+            horizon = max((len(line.get_xdata()) - 1 for line in ax.get_lines()), default=1)
+            ax.set_xticks([t for t in CEILING_TICKS if t <= horizon])
+            ax.xaxis.set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+            ax.set_title(label((*rest, (REFERENCE_AXIS, partition))), fontsize=9)
             ax.grid(alpha=0.3)
             if i == len(rows) - 1:
                 ax.set_xlabel("round")
@@ -802,10 +808,11 @@ def ceiling_plot(preset: Preset, runs: Sequence[RunResult]) -> bytes:
                if len(line.get_ydata()) > 2), default=0.0)
     for ax in axes.flat:
         ax.set_ylim(max(0.0, min(low, 80.0) - 2), 103)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
-    fig.legend(unique.values(), unique.keys(), title=METHOD_AXIS, loc="outside right center",
-               frameon=False)
+    drawn = {}  # every method drawn in any panel, in the preset's order
+    for ax in axes.flat:
+        drawn.update(zip(*reversed(ax.get_legend_handles_labels())))
+    fig.legend([drawn[m] for m in methods if m in drawn], [m for m in methods if m in drawn],
+               title=METHOD_AXIS, loc="outside right center", frameon=False)
     return _png(plt, fig)
 
 
