@@ -1,6 +1,6 @@
 # The README's two commands. Both build .venv on first use (offline-safe: only the
 # package registry is needed) and pass ARGS through.
-#   make run  ARGS="--run-config \"head='softmax'\""
+#   make run  ARGS="--run-config \"head='softmax'\""   (VERBOSE=1: Flower's and Ray's log too)
 #   make test ARGS="-k partition"
 PYTHON ?= python3
 VENV := .venv
@@ -14,18 +14,21 @@ install: $(STAMP)
 
 # torch is installed first and alone, pinned, so that the CPU wheel is the one that
 # satisfies every later requirement (a range would pull a CUDA build).
+# pip's output goes to $(VENV)/install.log (its last lines are shown if it fails).
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
-	touch $(STAMP)
+	@echo "installing into $(VENV) (first run only, a few minutes; log: $(VENV)/install.log)"
+	@$(PYTHON) -m venv $(VENV)
+	@{ $(PY) -m pip install --upgrade pip && \
+	   $(PY) -m pip install torch==2.13.0 && \
+	   $(PY) -m pip install -e ".[test]"; } > $(VENV)/install.log 2>&1 \
+	 || { tail -n 20 $(VENV)/install.log; echo "install failed; see $(VENV)/install.log"; exit 1; }
+	@touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m ovalp_flwr.launch --num-supernodes $(NUM_SUPERNODES) -- $(ARGS)
+	@$(PY) -m ovalp_flwr.launch --num-supernodes $(NUM_SUPERNODES) $(if $(VERBOSE),--verbose) -- $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(ARGS)
+	@$(PY) -m pytest -q $(ARGS)
 
 clean:
 	rm -rf $(VENV) .flwr

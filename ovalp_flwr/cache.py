@@ -170,11 +170,21 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as err:
         raise CacheError(
-            f"feature cache {path}: unreadable {MANIFEST} ({err}); delete the folder to rebuild"
+            f"feature cache {path}: unreadable {MANIFEST} ({err}); {_remedy(path)}"
         ) from err
     if not isinstance(manifest, dict):
-        raise CacheError(f"feature cache {path}: {MANIFEST} is not an object; delete the folder")
+        raise CacheError(f"feature cache {path}: {MANIFEST} is not an object; {_remedy(path)}")
     return manifest
+
+
+def _remedy(path: Path) -> str:
+    """What to do about a bad cache folder: delete it (the next run rebuilds it), or rebuild it
+    now; the folder name gives the command (options beyond the defaults need their flags)."""
+    dataset, _, encoder = path.name.partition("__")
+    encoder = encoder.split("@", 1)[0]
+    command = (f"python -m ovalp_flwr.cache build --dataset {dataset} --encoder {encoder} "
+               f"--cache-dir {path.parent} --rebuild")
+    return f"delete the folder to rebuild it at the next run, or rebuild it now: {command}"
 
 
 def _expect(path: Path, key: str, expected: Any, found: Any) -> None:
@@ -185,7 +195,7 @@ def _expect(path: Path, key: str, expected: Any, found: Any) -> None:
     elif expected != found:
         raise CacheError(
             f"feature cache {path}: {key} mismatch: expected {expected!r}, found {found!r}; "
-            "delete the folder to rebuild"
+            f"{_remedy(path)}"
         )
 
 
@@ -435,7 +445,7 @@ def verify_folder(path: Path) -> CachedFeatures:
         limit, options = manifest["limit_per_class"], manifest["encoder_options"]
     except KeyError as err:
         raise CacheError(
-            f"feature cache {path}: {MANIFEST} lacks {err}; delete the folder"
+            f"feature cache {path}: {MANIFEST} lacks {err}; {_remedy(path)}"
         ) from err
     expected = cache_path(path.parent, dataset, encoder, limit, **options).name
     _expect(path, "folder name", expected, path.name)

@@ -135,7 +135,8 @@ def make_all(directory: Path, nodes: int) -> tuple[ServerCerts, list[tuple[Path,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.certs",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", type=Path, nargs="?", default=DEFAULT_DIR,
                         help=f"where to write (default {DEFAULT_DIR}; keep it git-ignored)")
     parser.add_argument("--nodes", type=int, default=3, help="SuperNode key pairs to make")

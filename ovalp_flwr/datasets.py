@@ -95,10 +95,11 @@ class Loader(Protocol):
     def __call__(self, data_dir: Path, *, limit_per_class: int | None = None) -> Dataset: ...
 
 
-def resolve_data_dir(data_dir: Path | str | None) -> Path:
-    """Absolute data dir: the argument, else $OVALP_DATA_DIR, else ../shared/data ('' = unset)."""
-    chosen = data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
-    return Path(os.path.abspath(Path(chosen).expanduser()))
+def resolve_data_dir(data_dir: Path | str | None, cwd: Path | None = None) -> Path:
+    """Absolute data dir: the argument, else $OVALP_DATA_DIR, else ../shared/data ('' = unset);
+    a relative one is taken from `cwd` (default: the current directory)."""
+    chosen = Path(data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR).expanduser()
+    return Path(os.path.abspath(chosen if cwd is None else cwd / chosen))
 
 
 def load_dataset(
@@ -123,6 +124,25 @@ def load_dataset(
     if name.startswith("csv:"):
         return _csv(name, root / f"{_plain_name(name)}.csv", limit_per_class)
     raise _unknown(name)
+
+
+def missing_data(name: str, data_dir: Path | str | None = None, cwd: Path | None = None
+                 ) -> str | None:
+    """Why `load_dataset(name, data_dir)` would fail for want of a file, or None; reads
+    nothing, so a launcher can refuse a run before starting it."""
+    dataset_modality(name)  # unknown names fail here, as in load_dataset
+    root = resolve_data_dir(data_dir, cwd)
+    if name.startswith("folder:"):
+        candidates = [root / _plain_name(name), root / f"{_plain_name(name)}.zip"]
+    elif name.startswith("csv:"):
+        candidates = [root / f"{_plain_name(name)}.csv"]
+    elif name in DATA_FILES:
+        candidates = [root / DATA_FILES[name]]
+    else:
+        return None  # bundled (digits) or fetched (hub:)
+    if any(path.exists() for path in candidates):
+        return None
+    return str(_not_found(name, *candidates))
 
 
 def dataset_modality(name: str) -> Modality:
@@ -412,7 +432,7 @@ def _folder(dataset: str, path: Path, limit: int | None) -> ImageDataset:
 
 def _cifar10(data_dir: Path, *, limit_per_class: int | None = None) -> ImageDataset:
     """CIFAR-10 as JPEGs in the generic zip layout; sorted folder names are the usual order."""
-    path = _require(data_dir / "cifar10-jpg.zip", "cifar10")
+    path = _require(data_dir / DATA_FILES["cifar10"], "cifar10")
     with _open_tree(path, "cifar10") as tree:
         return _folder_dataset("cifar10", tree, limit_per_class)
 
@@ -420,7 +440,7 @@ def _cifar10(data_dir: Path, *, limit_per_class: int | None = None) -> ImageData
 def _tinyimagenet_100(data_dir: Path, *, limit_per_class: int | None = None) -> ImageDataset:
     """TinyImageNet's first 100 wnids; its labelled val set is the test split (64x64)."""
     dataset = "tinyimagenet-100"
-    path = _require(data_dir / f"{dataset}.zip", dataset)
+    path = _require(data_dir / DATA_FILES[dataset], dataset)
     with _open_tree(path, dataset) as whole:
         markers = [n for n in whole.names if n.rsplit("/", 1)[-1] == "wnids.txt"]
         marker = min(markers, key=lambda n: n.count("/"), default=None)
@@ -470,7 +490,7 @@ def _wordnet_names(words: str, wnids: Sequence[str]) -> tuple[str, ...]:
 
 def _mnist(data_dir: Path, *, limit_per_class: int | None = None) -> ImageDataset:
     """MNIST from keras' mnist.npz (28x28 grey uint8), grey replicated to RGB; file order."""
-    path = _require(data_dir / "mnist.npz", "mnist")
+    path = _require(data_dir / DATA_FILES["mnist"], "mnist")
     splits = {}
     with np.load(path) as npz:
         for split in ("train", "test"):
@@ -530,7 +550,7 @@ def _ag_news(data_dir: Path, *, limit_per_class: int | None = None) -> TextDatas
     """AG News test CSV (title, description, class) split 80/20 here; text = title + ". " +
     description. `class` is a name (this file) or 1..4 (the original CSVs)."""
     dataset = "ag-news"
-    path = _require(data_dir / "ag_news_test.csv", dataset)
+    path = _require(data_dir / DATA_FILES[dataset], dataset)
     rows = _read_csv(path, ("title", "description", "class"), dataset)
     labels = np.array([_ag_news_label(value) for _, _, value in rows], dtype=np.int64)
     texts = [f"{title}. {description}" for title, description, _ in rows]
@@ -577,6 +597,13 @@ DATASETS: dict[str, Loader] = {
     "tinyimagenet-100": _tinyimagenet_100,
     "mnist": _mnist,
     "ag-news": _ag_news,
+}
+# The file each registered loader reads from the data dir (digits ships with scikit-learn).
+DATA_FILES: dict[str, str] = {
+    "cifar10": "cifar10-jpg.zip",
+    "tinyimagenet-100": "tinyimagenet-100.zip",
+    "mnist": "mnist.npz",
+    "ag-news": "ag_news_test.csv",
 }
 # What each registered loader returns; a test loads every name against it, so it cannot drift.
 LOCAL_MODALITY: dict[str, Modality] = {

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ovalp_flwr import certs as certs_module
+from ovalp_flwr.console import LogFollower, RunConsole, new_log_path, relative
 from ovalp_flwr.launch import (
     PROJECT,
     _bin,
@@ -46,6 +47,7 @@ from ovalp_flwr.launch import (
     flower_env,
     flwr_args_after_dashes,
     free_port,
+    preflight,
     report_result,
     sigterm_unwinds,
     stop_group,
@@ -241,33 +243,50 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
             stop_group(process)
 
 
-def run_app(deployment: Deployment, app: Path, flwr_args: Sequence[str]) -> tuple[int, str | None]:
-    """`flwr run <app> ovalp-deploy --stream ...`; (exit code, the run's closing line)."""
-    return stream_flwr_run(app, CONNECTION, deployment.flwr_home, list(flwr_args))
+def run_app(deployment: Deployment, app: Path, flwr_args: Sequence[str],
+            console: RunConsole | None = None) -> tuple[int, str | None]:
+    """`flwr run <app> ovalp-deploy --stream ...`; (exit code, the run's closing line). The
+    SuperNodes' progress (their cache builds), which the stream lacks, is followed in their
+    log files."""
+    console = console or RunConsole(new_log_path(deployment.flwr_home, "deploy"))
+    node_logs = sorted((deployment.flwr_home / "deploy").glob("supernode-*.log"))
+    with LogFollower(console, node_logs):
+        return stream_flwr_run(app, CONNECTION, deployment.flwr_home, list(flwr_args), console)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", "--num-supernodes", type=int, default=3)
+    parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.deploy",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", "--num-supernodes", type=int, default=3,
+                        help="SuperNodes to start, one partition each (default: %(default)s)")
     parser.add_argument("--node-dir", default=None,
                         help="per-node folder, '{i}' = partition id (holds data/ and cache/)")
-    parser.add_argument("--app", type=Path, default=PROJECT)
-    parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr-deploy")
+    parser.add_argument("--app", type=Path, default=PROJECT,
+                        help="the Flower app's folder (default: this project)")
+    parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr-deploy",
+                        help="Flower's state, certificates and every process's log "
+                             "(default: %(default)s)")
     parser.add_argument("--tls", action="store_true",
                         help="TLS + SuperNode authentication (throwaway certs in <flwr-home>/certs)")
     parser.add_argument("--isolation", choices=ISOLATIONS, default=DEFAULT_ISOLATION,
                         help="process: separate flower-superexec runtimes, as docker/compose.yml "
                              "(default); subprocess: SuperLink and SuperNodes start the apps")
     args, flwr_args = flwr_args_after_dashes(parser, list(argv) if argv is not None else None)
+    if not preflight(args.app.resolve(), flwr_args):
+        return 2
     started = time.monotonic()
-    with sigterm_unwinds(), local_deployment(args.num_supernodes, args.flwr_home.resolve(),
+    flwr_home = args.flwr_home.resolve()
+    console = RunConsole(new_log_path(flwr_home, "deploy"), args.verbose)
+    console.also_search(flwr_home / "deploy" / "superlink.log")
+    print(f"deploying {args.num_supernodes} SuperNodes ({args.isolation} isolation"
+          f"{', TLS + node auth' if args.tls else ''}); full log: {relative(console.log_path)}, "
+          f"each process's in {relative(flwr_home / 'deploy')}/", flush=True)
+    with sigterm_unwinds(), local_deployment(args.num_supernodes, flwr_home,
                                              args.node_dir, args.app.resolve(), secure=args.tls,
                                              isolation=args.isolation) as deployment:
-        code, final_line = run_app(deployment, args.app.resolve(), flwr_args)
-    print(f"deployment of {args.num_supernodes} SuperNodes ({args.isolation} isolation"
-          f"{', TLS + node auth' if args.tls else ''}): "
-          f"{time.monotonic() - started:.0f} s")
-    return report_result(code, final_line)
+        code, final_line = run_app(deployment, args.app.resolve(), flwr_args, console)
+    print(f"deployment of {args.num_supernodes} SuperNodes: {time.monotonic() - started:.0f} s")
+    return report_result(code, final_line, console)
 
 
 if __name__ == "__main__":

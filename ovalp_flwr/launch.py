@@ -23,9 +23,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ovalp_flwr.console import RunConsole, new_log_path, relative
+from ovalp_flwr.results import read_summary
+from ovalp_flwr.single_run import iid_twin, summary_lines
+
 PROJECT = Path(__file__).resolve().parent.parent
 CONNECTION = "ovalp-local"
 FINAL_LINE = "final accuracy "  # the ServerApp's closing log line starts like this
+RESULTS_IN = "; results in "  # ... and ends with its results folder
 
 
 def free_port() -> int:
@@ -156,7 +161,7 @@ def federation_config(num_supernodes: int, num_gpus: float) -> str:
 
 
 def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Path,
-             num_gpus: float | None = None) -> int:
+             num_gpus: float | None = None, verbose: bool = False) -> int:
     """Run the app on `num_supernodes` virtual SuperNodes.
 
     Returns `flwr run`'s exit code, or 1 if the run printed no result line (a failed
@@ -164,18 +169,22 @@ def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Pa
     """
     if num_gpus is None:
         num_gpus = 0.25 if _has_cuda() else 0.0
+    console = RunConsole(new_log_path(flwr_home), verbose)
+    console.also_search(flwr_home / "superlink.log")
+    print(f"simulating {num_supernodes} SuperNodes; full log: {relative(console.log_path)}",
+          flush=True)
     with simulation_superlink(flwr_home, cwd=app) as (_, address):
         write_connection(flwr_home, CONNECTION, address)
         code, final_line = stream_flwr_run(
             app, CONNECTION, flwr_home,
-            ["--federation-config", federation_config(num_supernodes, num_gpus), *flwr_args])
-    # Ray and Flower log a few lines after the ServerApp ends: repeat the result last.
-    return report_result(code, final_line)
+            ["--federation-config", federation_config(num_supernodes, num_gpus), *flwr_args],
+            console)
+    return report_result(code, final_line, console)
 
 
-def stream_flwr_run(app: Path, connection: str, flwr_home: Path,
-                    flwr_args: list[str]) -> tuple[int, str | None]:
-    """`flwr run <app> <connection> --stream ...`, its log echoed; (exit code, closing line)."""
+def stream_flwr_run(app: Path, connection: str, flwr_home: Path, flwr_args: list[str],
+                    console: RunConsole) -> tuple[int, str | None]:
+    """`flwr run <app> <connection> --stream ...` through `console`; (exit code, closing line)."""
     command = [_bin("flwr"), "run", str(app), connection, "--stream", *flwr_args]
     run = subprocess.Popen(command, cwd=app, env=flower_env(flwr_home), start_new_session=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -183,25 +192,38 @@ def stream_flwr_run(app: Path, connection: str, flwr_home: Path,
     try:
         assert run.stdout is not None
         for line in run.stdout:  # stream the run's log, remember its closing line
-            sys.stdout.write(line)
             if FINAL_LINE in line:
                 final_line = line.split(FINAL_LINE, 1)[1].strip()
+                console.log.write(line)  # shown once, last, by report_result
+                continue
+            console.feed(line)
         code = run.wait()
     finally:
         stop_group(run)
     return code, final_line
 
 
-def report_result(code: int, final_line: str | None) -> int:
-    """Print the run's result last; a run without one failed (`flwr run --stream` exits 0
-    even when the ServerApp fails)."""
-    print(f"{FINAL_LINE}{final_line}" if final_line else f"run ended (exit {code}) without a result line")
-    return code if final_line else (code or 1)
+def report_result(code: int, final_line: str | None, console: RunConsole) -> int:
+    """The run's summary table and result line, last; a run without one failed (`flwr run
+    --stream` exits 0 even when the ServerApp fails)."""
+    console.close(failed=final_line is None)
+    if final_line is None:
+        print(f"run failed (flwr run exit {code}); full log: {relative(console.log_path)}")
+        return code or 1
+    run_dir = Path(final_line.rsplit(RESULTS_IN, 1)[1]) if RESULTS_IN in final_line else None
+    if run_dir is not None and (run_dir / "summary.json").is_file():
+        summary = read_summary(run_dir)
+        print(summary_lines(summary, iid_twin(run_dir.parent, summary)))
+        final_line = f"{final_line.rsplit(RESULTS_IN, 1)[0]}{RESULTS_IN}{relative(run_dir)}"
+    print(f"{FINAL_LINE}{final_line}")
+    return code
 
 
 def flwr_args_after_dashes(parser: argparse.ArgumentParser, argv: list[str] | None
                            ) -> tuple[argparse.Namespace, list[str]]:
     """Parse our options; everything after `--` goes to `flwr run` untouched."""
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show Flower's and Ray's whole log, not only the run's own lines")
     parser.add_argument("flwr_args", nargs=argparse.REMAINDER,
                         help="passed to `flwr run` after `--` (e.g. --run-config ...)")
     args = parser.parse_args(argv)
@@ -237,16 +259,34 @@ def _has_cuda() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.launch",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-supernodes", type=int, default=100)
     parser.add_argument("--num-gpus", type=float, default=None,
                         help="GPU share per virtual client (default 0.25 with CUDA, else 0)")
-    parser.add_argument("--app", type=Path, default=PROJECT)
-    parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr")
+    parser.add_argument("--app", type=Path, default=PROJECT,
+                        help="the Flower app's folder (default: this project)")
+    parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr",
+                        help="Flower's state and the runs' logs (default: %(default)s)")
     args, flwr_args = flwr_args_after_dashes(parser, argv)
+    if not preflight(args.app.resolve(), flwr_args):
+        return 2
     with sigterm_unwinds():
         return simulate(args.app.resolve(), args.num_supernodes, flwr_args,
-                        args.flwr_home.resolve(), args.num_gpus)
+                        args.flwr_home.resolve(), args.num_gpus, args.verbose)
+
+
+def preflight(app: Path, flwr_args: list[str]) -> bool:
+    """The run config and data checked before any Flower process starts; False (and one
+    line on stderr) when the run cannot work."""
+    from ovalp_flwr.preflight import PreflightError, check_run
+
+    try:
+        check_run(app, flwr_args)
+    except PreflightError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -861,12 +861,37 @@ def write_report(preset: Preset, specs: Sequence[RunSpec], results_root: Path, o
     return out_dir / "report.md"
 
 
+def report_run(run_dir: Path) -> int:
+    """One run folder: its summary lines, and its accuracy plot redrawn (with R(t) when its IID
+    twin is among its siblings)."""
+    from ovalp_flwr.single_run import PLOT_FILE, iid_twin, plot_run, summary_lines
+
+    try:
+        summary = read_summary(run_dir)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    twin = iid_twin(run_dir.resolve().parent, summary)
+    config = summary["config"]
+    print(f"{run_dir}: {config['dataset']} ({config['encoder']}), {config['head']} "
+          f"{config['schedule']}, partition {config['partition']}, seed {config['seed']}"
+          f"{'; R(t) against its IID twin' if twin else ''}")
+    print(summary_lines(summary, twin))
+    write_durably(run_dir / PLOT_FILE, plot_run(summary, twin))
+    print(run_dir / PLOT_FILE)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", type=Path, help="conf/<name>.toml")
-    parser.add_argument("--results-dir", type=Path, default=Path("results"))
-    parser.add_argument("--out", type=Path, default=Path("reports"))
+    parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.report",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("preset", type=Path,
+                        help="conf/<name>.toml, or one run's folder (results/<run>) to summarise")
+    parser.add_argument("--results-dir", type=Path, default=Path("results"),
+                        help="where results/<preset>/ is (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("reports"),
+                        help="the report goes to <out>/<preset>/ (default: %(default)s)")
     parser.add_argument("--ceilings", type=Path, default=CEILING_FILE,
                         help="the centralised ceilings a preset with ceiling-fraction is measured "
                              "against (benchmarks/centralised_ceiling.py writes them)")
@@ -875,6 +900,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="axis=choice[,choice] (repeatable): report the subset a sweep ran "
                              "with the same --only; the other choices are left out, not missing")
     args = parser.parse_args(args_list)
+    if args.preset.is_dir():
+        return report_run(args.preset)
     command = shlex.join(["python", "-m", "ovalp_flwr.report", *args_list])
     try:
         preset = load_preset(args.preset)

@@ -1,4 +1,5 @@
-"""A run's results folder, written atomically: `summary.json` and `rounds.csv`.
+"""A run's results folder, written atomically: `summary.json`, `rounds.csv` and the accuracy
+curve `accuracy.png` (`single_run`).
 
 The folder is assembled under a temporary name beside its destination and renamed into
 place, so a reader never sees half a run; a rerun with the same name replaces the old
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ovalp_flwr.durable import fsync_dir, write_durably
+from ovalp_flwr.single_run import PLOT_FILE, iid_twin, plot_run
 
 ROUND_COLUMNS = (
     "round", "accuracy", "stage", "train_loss", "clients_sampled", "clients_trained",
@@ -45,6 +47,7 @@ def write_run(results_dir: Path, run_name: str, summary: dict[str, Any]) -> Path
     staging.mkdir()
     write_durably(staging / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
     write_durably(staging / "rounds.csv", _rounds_csv(summary["rounds"]))
+    write_durably(staging / PLOT_FILE, plot_run(summary, iid_twin(results_dir, summary)))
     fsync_dir(staging)
     if final.exists():
         retired = results_dir / f".{run_name}.old-{os.getpid()}"

@@ -31,6 +31,7 @@ from ovalp_flwr import protocol as p
 from ovalp_flwr.cache import CachedFeatures, load_or_build
 from ovalp_flwr.client_data import all_partitions, resolve_path
 from ovalp_flwr.config import RunConfig, check_num_clients
+from ovalp_flwr.console import say
 from ovalp_flwr.devices import resolve_device
 from ovalp_flwr.head_init import ClassStatistics, HeadInit, make_head_init
 from ovalp_flwr.heads import accuracy, head_from_numpy
@@ -63,6 +64,7 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
         extra_train_config={**digest_config, **({p.LOCAL_STEPS: steps} if steps else {})},
     )
     evaluator = CentralEvaluator(cache, config, stats)
+    evaluator.round_info = lambda server_round: strategy.rounds.get(server_round, {})
     result = strategy.start(
         grid=grid,
         initial_arrays=p.to_record(initial),
@@ -79,7 +81,7 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     summary["total_seconds"] = time.time() - started
     run_name = config.run_name or default_run_name(config.to_dict())
     out = write_run(resolve_path(config.results_dir), run_name, summary)
-    log(INFO, "final accuracy %.4f after %d rounds (%s start %.4f; %s, %s, %s); results in %s",
+    say(INFO, "final accuracy %.4f after %d rounds (%s start %.4f; %s, %s, %s); results in %s",
         summary["final_accuracy"], config.num_server_rounds, config.head_init,
         summary["initial_accuracy"], config.head, config.schedule, config.partition, out)
     return out
@@ -109,7 +111,7 @@ def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeature
                                statistics=summed)
     check_feature_space(clients, cache)
     partition = partition_summary(config, clients, cache)
-    log(INFO, "partition %s", partition)
+    say(INFO, "partition %s", partition)
     norm = global_stats(config, clients)
     if norm is not None:
         broadcast_stats(grid, norm, list(clients), costs=costs,
@@ -218,7 +220,7 @@ def initial_head(config: RunConfig, init: HeadInit, summed: StatisticsSum,
             else summed.wire_bytes / summed.senders if summed.senders else 0.0,
             "server_seconds": seconds}
     if init.statistics != "none":
-        log(INFO, "head-init %s: statistics from %d clients (%.0f kB each), built in %.2f s",
+        say(INFO, "head-init %s: statistics from %d clients (%.0f kB each), built in %.2f s",
             init.name, summed.senders, info["statistics_bytes_per_client"] / 1e3, seconds)
     return {"weight": weight, "bias": bias}, info
 
@@ -233,6 +235,8 @@ class CentralEvaluator:
         self.labels = torch.from_numpy(cache.test.y.astype(np.int64)).to(self.device)
         self.seconds: dict[int, float] = {}
         self.done_at: dict[int, float] = {}  # round -> when its evaluation ended
+        self.config = config
+        self.round_info: Callable[[int], dict] = lambda _round: {}  # the strategy's record
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()
@@ -240,7 +244,23 @@ class CentralEvaluator:
         acc = accuracy(head, self.features, self.labels)
         self.done_at[server_round] = time.perf_counter()
         self.seconds[server_round] = self.done_at[server_round] - start
+        self._say_round(server_round, acc)
         return MetricRecord({p.ACCURACY: acc})
+
+    def _say_round(self, server_round: int, acc: float) -> None:
+        """The run's one line per round for its user: stage, accuracy, the round's seconds,
+        and failed clients if any."""
+        width = len(str(self.config.num_server_rounds))
+        where = f"round {server_round:>{width}}/{self.config.num_server_rounds}"
+        if server_round == 0:
+            say(INFO, "%s  %-8s accuracy %.4f", where, "start", acc)
+            return
+        ended = self.done_at[server_round]
+        seconds = ended - self.done_at.get(server_round - 1, ended)
+        failed = self.round_info(server_round).get("clients_failed", 0)
+        say(INFO, "%s  stage %d  accuracy %.4f  %5.1f s%s", where,
+            self.config.stage_for_round(server_round), acc, seconds,
+            f"  ({failed} client(s) failed)" if failed else "")
 
 
 def equal_share_steps(config: RunConfig, clients: dict[int, dict]) -> int:
@@ -255,7 +275,7 @@ def equal_share_steps(config: RunConfig, clients: dict[int, dict]) -> int:
         return 0
     share = sum(int(c[p.NUM_EXAMPLES]) for c in clients.values()) / num_partitions(clients)
     steps = config.local_epochs * max(1, math.ceil(share / config.batch_size))
-    log(INFO, "epoch-size %s: every client takes %s local steps per round", config.epoch_size,
+    say(INFO, "epoch-size %s: every client takes %s local steps per round", config.epoch_size,
         steps)
     return steps
 
@@ -408,7 +428,7 @@ def _check_partition_ids(clients: dict[int, dict]) -> None:
             f"in 0..num-partitions-1")
     if len(ids) < n:
         missing = sorted(set(range(n)) - set(ids))
-        log(WARNING, "partitions %s of %s have no node yet; they join when their nodes connect",
+        say(WARNING, "partitions %s of %s have no node yet; they join when their nodes connect",
             missing[:10], n)
 
 
@@ -432,7 +452,7 @@ def late_admitter(cache: CachedFeatures, stats: NormStats | None,
         try:
             described = describe_clients(grid, new_nodes, check_ids=False)
         except FederationError as err:
-            log(WARNING, "late nodes %s not admitted: %s", new_nodes, err)
+            say(WARNING, "late nodes %s not admitted: %s", new_nodes, err)
             return by_partition(clients)
         live = set(grid.get_node_ids())
         holders = {int(c[p.PARTITION_ID]): node for node, c in clients.items()}
@@ -441,7 +461,7 @@ def late_admitter(cache: CachedFeatures, stats: NormStats | None,
             info, pid = described[node], int(described[node][p.PARTITION_ID])
             reason = _refusal(info, pid, num_partitions(clients), cache, holders, live)
             if reason:
-                log(WARNING, "late node %s not admitted: %s", node, reason)
+                say(WARNING, "late node %s not admitted: %s", node, reason)
                 continue
             clients.pop(holders.get(pid, -1), None)  # an offline holder is replaced
             clients[node], holders[pid] = info, node
@@ -450,7 +470,7 @@ def late_admitter(cache: CachedFeatures, stats: NormStats | None,
             try:
                 broadcast_stats(grid, stats, admitted)
             except FederationError as err:  # they would fail every train message: leave them out
-                log(WARNING, "late nodes %s not admitted: %s", admitted, err)
+                say(WARNING, "late nodes %s not admitted: %s", admitted, err)
                 for node in admitted:
                     clients.pop(node)
         return by_partition(clients)

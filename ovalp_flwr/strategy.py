@@ -27,6 +27,7 @@ from flwr.serverapp.strategy import FedAdam, FedAvg
 from flwr.serverapp.strategy.fedopt import FedOpt
 from flwr.supercore import log
 
+from ovalp_flwr.console import say
 from ovalp_flwr.protocol import (ARRAYS, CORRECTION, LOCAL_STEPS, METRICS, NUM_EXAMPLES, STAGE,
                                  TRAIN_LOSS, TRAIN_SECONDS, from_record, to_record)
 
@@ -200,7 +201,7 @@ class Staged:
             self._seen.update(new)
             before = len(self.node_order)
             self.node_order = self.admit(grid, new)
-            log(INFO, "round %s: %s node(s) connected late, %s admitted; %s in the federation",
+            say(INFO, "round %s: %s node(s) connected late, %s admitted; %s in the federation",
                 server_round, len(new), len(self.node_order) - before, len(self.node_order))
 
     def configure_evaluate(

@@ -14,7 +14,9 @@ participation, noise, ...); the sweep is their product times the seeds:
     iid = { partition = "iid" }    # the reference of R(t): pairs with every other partition
 
 Every run lands in `results/<preset>/<choice>-<choice>-...-seed<seed>/`; a run whose summary
-is already there is skipped, so an interrupted sweep resumes where it stopped. Runs go through
+is already there is skipped, so an interrupted sweep resumes where it stopped, and two sweeps
+of one preset (each on a core, `--only` splitting the work roughly) skip what the other has
+finished. Runs go through
 `flwr run` on a local simulation SuperLink (`--runner flwr`, the default) or, for tests and
 quick looks, through the same ServerApp/ClientApp logic in process (`--runner local`).
 
@@ -24,6 +26,8 @@ quick looks, through the same ServerApp/ClientApp logic in process (`--runner lo
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import itertools
 import logging
 import sys
@@ -210,10 +214,13 @@ def run_one(preset: Preset, spec: RunSpec, results_root: Path, runner: str) -> P
         return run_local(run_config, preset.num_supernodes)
     from ovalp_flwr import launch
 
-    code = launch.simulate(launch.PROJECT, preset.num_supernodes,
-                           ["--run-config", run_config_arg(run_config)], launch.PROJECT / ".flwr")
+    with contextlib.redirect_stdout(io.StringIO()) as shown:  # the sweep's line per run says it
+        code = launch.simulate(launch.PROJECT, preset.num_supernodes,
+                               ["--run-config", run_config_arg(run_config)],
+                               launch.PROJECT / ".flwr")
     if code != 0:
-        raise RuntimeError(f"run {spec.name}: flwr run exited {code}")
+        said = " / ".join(shown.getvalue().strip().splitlines()[-3:])
+        raise RuntimeError(f"run {spec.name}: flwr run exited {code}: {said}")
     return out_dir / spec.name
 
 
@@ -253,6 +260,9 @@ def sweep(preset: Preset, specs: list[RunSpec], results_root: Path, runner: str)
     print(f"{preset.name}: {len(specs)} runs, {len(specs) - len(todo)} already done, "
           f"{len(todo)} to run ({runner})", flush=True)
     for spec in tqdm(todo, desc=preset.name, unit="run", file=sys.stdout):
+        if is_done(preset, spec, results_root):  # another sweep of the preset ran it meanwhile
+            tqdm.write(f"{spec.name}: done meanwhile, skipped")
+            continue
         started = time.time()
         try:
             path = run_one(preset, spec, results_root, runner)
@@ -265,16 +275,29 @@ def sweep(preset: Preset, specs: list[RunSpec], results_root: Path, runner: str)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.sweep",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("preset", type=Path, help="conf/<name>.toml")
     parser.add_argument("--seeds", type=int, nargs="+", help="default: the preset's")
     parser.add_argument("--only", action="append", default=[],
                         help="axis=choice[,choice] (repeatable), e.g. method=ova-lp seed=0")
-    parser.add_argument("--runner", choices=("flwr", "local"), default="flwr")
-    parser.add_argument("--results-dir", type=Path, default=Path("results"))
+    parser.add_argument("--runner", choices=("flwr", "local"), default="flwr",
+                        help="flwr: each run through `flwr run` on a local simulation "
+                             "SuperLink; local: the same apps in this process, no Ray "
+                             "(default: %(default)s)")
+    parser.add_argument("--results-dir", type=Path, default=Path("results"),
+                        help="where results/<preset>/ is (default: %(default)s)")
     parser.add_argument("--list", action="store_true", help="print the runs and their state")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show the in-process runner's Flower log (--runner local)")
     args = parser.parse_args(argv)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    if not args.verbose:
+        # one line per run says what matters; Flower's INFO per round and its warning that
+        # federated evaluation is off (the server evaluates centrally) would bury it. Flower
+        # sets its logger to DEBUG when first imported, so import it before setting the level.
+        from flwr.supercore.logger import FLOWER_LOGGER
+
+        FLOWER_LOGGER.setLevel(logging.ERROR)
     try:
         preset = load_preset(args.preset)
         specs = select(preset.runs(args.seeds), args.only)

@@ -104,7 +104,9 @@ def test_manifest_mismatch_names_the_key(built: Path, tmp_path: Path, edit, key:
     _edit_manifest(built, edit)
     with pytest.raises(CacheError, match=rf"{built}: {key} mismatch: expected") as err:
         load_features("digits", "pixels", tmp_path)
-    assert "delete the folder" in str(err.value)
+    assert str(err.value).endswith(
+        "delete the folder to rebuild it at the next run, or rebuild it now: python -m "
+        f"ovalp_flwr.cache build --dataset digits --encoder pixels --cache-dir {tmp_path} --rebuild")
 
 
 def test_corrupted_byte_fails_the_hash(built: Path, tmp_path: Path) -> None:

@@ -43,12 +43,12 @@ def test_three_supernodes_with_their_own_caches_complete_a_run(tmp_path, capfd, 
     watchers = []
     run_app = deploy.run_app
 
-    def watched_run_app(deployment, app, flwr_args):
+    def watched_run_app(deployment, app, flwr_args, console=None):
         watchers.append(AppProcesses(deployment.server_runtime.pid,
                                      [node.runtime.pid for node in deployment.nodes]))
         watchers[0].start()
         try:
-            return run_app(deployment, app, flwr_args)
+            return run_app(deployment, app, flwr_args, console)
         finally:
             watchers[0].done.set()
 
@@ -57,6 +57,11 @@ def test_three_supernodes_with_their_own_caches_complete_a_run(tmp_path, capfd, 
                         "--flwr-home", str(flwr_home), "--", "--run-config", run_config])
     out = capfd.readouterr().out
     assert code == 0, out[-3000:]
+    # the launcher shows each SuperNode building its cache, read from the node's log file
+    for i in range(3):
+        assert any(line.startswith(f"supernode-{i}-clientapp: ") and "100%|" in line
+                   for line in out.splitlines()), out[-3000:]
+    assert out.splitlines()[-1].startswith("final accuracy ")
     # process isolation, as in compose: the runtimes, not SuperLink/SuperNodes, ran the apps
     assert "flwr-serverapp" in watchers[0].seen["server"], watchers[0].seen
     assert "flwr-clientapp" in watchers[0].seen["nodes"], watchers[0].seen

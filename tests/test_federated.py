@@ -12,6 +12,7 @@ import client_app
 import server_app
 from ovalp_flwr import protocol as p
 from ovalp_flwr.config import RECIPE, ConfigError
+from ovalp_flwr.console import MARK
 from ovalp_flwr.local_grid import InProcessGrid, app_config, run_local
 from ovalp_flwr.results import read_summary
 
@@ -39,8 +40,14 @@ def test_run_learns_and_writes_results(cache_dir, tmp_path, caplog):
     with open(tmp_path / "results" / "t" / "rounds.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert [float(r["accuracy"]) for r in rows] == [r["accuracy"] for r in rounds]
-    closing = [r.getMessage() for r in caplog.records if r.getMessage().startswith("final accuracy")]
-    assert closing == [f"final accuracy {summary['final_accuracy']:.4f} after 6 rounds (random start "
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(MARK)]
+    round_lines = [line for line in said if line.startswith(f"{MARK}round ")]
+    assert len(round_lines) == 7 and round_lines[0] == \
+        f"{MARK}round 0/6  start    accuracy {summary['initial_accuracy']:.4f}"
+    assert round_lines[1].startswith(  # ... then the round's seconds
+        f"{MARK}round 1/6  stage 1  accuracy {rounds[0]['accuracy']:.4f}  ")
+    closing = [line for line in said if line.startswith(f"{MARK}final accuracy")]
+    assert closing == [f"{MARK}final accuracy {summary['final_accuracy']:.4f} after 6 rounds (random start "
                        f"{summary['initial_accuracy']:.4f}; ova, two-stage, shard); results in "
                        f"{tmp_path / 'results' / 't'}"]
 

@@ -40,7 +40,12 @@ def left_behind(flwr_home: Path, grace: float = 10.0) -> set[int]:
     return alive
 
 
-def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path):
+# what a run prints by default (README, "What a run prints"): a line per round and at most
+# this many more: the log's path, set-up facts, the summary and the result line
+LINES_BESIDES_ROUNDS = 12
+
+
+def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd):
     cache_dir, results_dir = tmp_path / "cache", tmp_path / "results"
     load_or_build("digits", "pixels", cache_dir, progress=False)
     run_config = (f"encoder='pixels' feature-cache-dir='{cache_dir}' results-dir='{results_dir}' "
@@ -48,7 +53,14 @@ def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path):
     flwr_home = tmp_path / "flwr-home"
     code = launch.simulate(launch.PROJECT, num_supernodes=4, flwr_home=flwr_home,
                            flwr_args=["--run-config", run_config], num_gpus=0.0)
-    assert code == 0
+    output = capfd.readouterr().out.splitlines()
+    assert code == 0, "\n".join(output)
+    assert len(output) <= 2 + LINES_BESIDES_ROUNDS, "\n".join(output)
+    assert [line.split("  ")[0] for line in output if line.startswith("round ")] == \
+        ["round 0/2", "round 1/2", "round 2/2"]
+    assert output[-1].startswith("final accuracy ") and "INFO" not in "".join(output)
+    logged = (flwr_home / "logs").glob("run-*.log")
+    assert "Aggregated MetricRecord" in next(logged).read_text()  # Flower's lines: in the log
     summary = json.loads((results_dir / "e2e" / "summary.json").read_text())
     assert [r["round"] for r in summary["rounds"]] == [1, 2]
     assert summary["num_clients"] == 4
@@ -75,4 +87,17 @@ def test_flwr_run_with_a_bad_config_fails_with_one_line(tmp_path, capfd):
     assert code != 0
     assert "run config: head='mlp' is not allowed; choose one of: ova, softmax" in output
     assert "Traceback" not in output
+    assert left_behind(flwr_home) == set()
+
+
+def test_a_run_flower_refuses_shows_the_cause_from_the_superlinks_log(tmp_path, capfd):
+    """Past the launcher's own checks (here: `simulate` called directly), Flower's refusal
+    `[code: 15] Invalid run configuration.` comes with its cause, read from the SuperLink's log."""
+    flwr_home = tmp_path / "flwr-home"
+    code = launch.simulate(launch.PROJECT, num_supernodes=2, flwr_home=flwr_home,
+                           flwr_args=["--run-config", "heads='ova'"], num_gpus=0.0)
+    output = capfd.readouterr().out
+    assert code != 0
+    assert ("error: Could not start run: Key 'heads' is not present in the main dictionary "
+            f"(from {flwr_home / 'superlink.log'})") in output
     assert left_behind(flwr_home) == set()

@@ -113,6 +113,25 @@ def test_sweep_runs_what_is_missing_and_resumes(tmp_path, capsys):
     assert not is_done(changed, changed.runs()[0], tmp_path / "results")
 
 
+def test_a_run_another_sweep_finished_meanwhile_is_skipped(tmp_path, capsys, monkeypatch):
+    from ovalp_flwr import sweep as sweep_module
+
+    preset = load_preset(write(tmp_path, TINY))
+    first, second = select(preset.runs(), ["seed=0"])[:2]
+    run_one, ran = sweep_module.run_one, []
+
+    def and_another_sweep(preset, spec, results_root, runner):
+        ran.append(spec.name)
+        if spec == first:  # meanwhile a second sweep of the preset finishes `second`
+            run_one(preset, second, results_root, runner)
+        return run_one(preset, spec, results_root, runner)
+
+    monkeypatch.setattr(sweep_module, "run_one", and_another_sweep)
+    assert sweep(preset, [first, second], tmp_path / "results", "local") == []
+    assert ran == [first.name]
+    assert f"{second.name}: done meanwhile, skipped" in capsys.readouterr().out
+
+
 def test_cli_lists_runs_and_reports_a_bad_preset_in_one_line(tmp_path, capsys):
     path = write(tmp_path, TINY)
     assert main([str(path), "--list", "--only", "seed=1",

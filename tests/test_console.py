@@ -1,0 +1,178 @@
+"""What a user sees: mistakes refused before Flower starts, a run's output filtered to its
+own lines, progress that reads in a log, and one run folder summarised on its own."""
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ovalp_flwr import deploy, launch
+from ovalp_flwr.console import MARK, LogFollower, RunConsole
+from ovalp_flwr.datasets import missing_data
+from ovalp_flwr.preflight import PreflightError, check_run
+from ovalp_flwr.report import main as report_main
+from ovalp_flwr.results import read_summary, write_run
+from ovalp_flwr.single_run import PLOT_FILE, iid_twin, summary_lines
+
+APP = launch.PROJECT
+
+
+@pytest.mark.parametrize("run_config, says", [
+    ("heads='ova'", "run config: unknown key 'heads' (='ova'); did you mean 'head'?"),
+    ("head='ovb'", "run config: head='ovb' is not allowed; choose one of: ova, softmax"),
+    ("num-server-rounds=-1", "run config: num-server-rounds=-1 is not allowed"),
+])
+def test_a_bad_run_config_is_one_line_naming_it(run_config, says):
+    with pytest.raises(PreflightError, match="^" + says.replace("(", r"\(").replace(")", r"\)")
+                       .replace("?", r"\?")):
+        check_run(APP, ["--run-config", run_config])
+
+
+def test_a_missing_data_file_names_the_file_and_the_key(tmp_path):
+    with pytest.raises(PreflightError) as err:
+        check_run(APP, ["-c", f"dataset='mnist' data-dir='{tmp_path}' "
+                              f"feature-cache-dir='{tmp_path / 'cache'}'"])
+    assert str(err.value) == (f"dataset 'mnist': {tmp_path / 'mnist.npz'} not found; set the run "
+                              "config key data-dir (or the env var OVALP_DATA_DIR) to the folder "
+                              "that holds it")
+    # a present feature cache is enough: its data is not read again
+    (tmp_path / "cache" / "mnist__efficientnet-lite0").mkdir(parents=True)
+    check_run(APP, ["-c", f"dataset='mnist' data-dir='{tmp_path}' "
+                          f"feature-cache-dir='{tmp_path / 'cache'}'"])
+
+
+def test_missing_data_reads_relative_dirs_from_the_apps_folder(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mnist.npz").write_bytes(b"")
+    assert missing_data("mnist", "data", cwd=tmp_path) is None
+    assert "news.csv not found" in missing_data("csv:news", "data", cwd=tmp_path)
+    assert missing_data("digits", "nowhere", cwd=tmp_path) is None  # bundled with scikit-learn
+
+
+MISTAKES = {
+    "unknown key": ("heads='ova'", "run config: unknown key 'heads' (='ova'); did you mean 'head'?"),
+    "bad value": ("head='ovb'", "run config: head='ovb' is not allowed; choose one of: ova, softmax"),
+    "missing data": ("dataset='mnist' data-dir='{tmp}' feature-cache-dir='{tmp}'",
+                     "dataset 'mnist': {tmp}/mnist.npz not found; set the run config key data-dir "
+                     "(or the env var OVALP_DATA_DIR) to the folder that holds it"),
+}
+
+
+@pytest.mark.parametrize("module, mistake", [("launch", m) for m in MISTAKES] +
+                         [("deploy", "unknown key")])
+def test_launchers_refuse_before_any_flower_process_starts(tmp_path, module, mistake):
+    """Exit 2, one line on stderr, nothing on stdout, and no Flower home ever created: the
+    SuperLink, and the launcher's log, would have been written there."""
+    flwr_home = tmp_path / "flwr-home"
+    run_config, says = (text.format(tmp=tmp_path) for text in MISTAKES[mistake])
+    done = subprocess.run(
+        [sys.executable, "-m", f"ovalp_flwr.{module}", "--flwr-home", str(flwr_home), "--",
+         "--run-config", run_config],
+        cwd=APP, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr.splitlines(), done.stdout) == (2, [f"error: {says}"], "")
+    assert not flwr_home.exists()
+
+
+FLOWER_CHATTER = [
+    "\x1b[92mINFO \x1b[0m:      Starting Flower Simulation\n",
+    "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.\n",
+    "\x1b[92mINFO \x1b[0m:      \t└──> Aggregated MetricRecord: {'train-loss': 0.1}\n",
+]
+
+
+def test_the_console_shows_the_runs_own_lines_and_logs_everything(tmp_path):
+    out, log = io.StringIO(), tmp_path / "run.log"
+    console = RunConsole(log, out=out)
+    for line in [FLOWER_CHATTER[0], f"\x1b[92mINFO \x1b[0m:      {MARK}round 1/2  stage 1\n",
+                 *FLOWER_CHATTER[1:],
+                 "\x1b[91mERROR \x1b[0m:     run config: head='x' is not allowed\n"]:
+        console.feed(line)
+    console.close(failed=False)
+    assert out.getvalue().splitlines() == ["round 1/2  stage 1",
+                                           "error: run config: head='x' is not allowed"]
+    assert len(log.read_text().splitlines()) == 5  # every line, as it came
+
+
+def test_a_failed_run_shows_the_last_lines_of_its_log(tmp_path):
+    out = io.StringIO()
+    console = RunConsole(tmp_path / "run.log", out=out)
+    for line in FLOWER_CHATTER:
+        console.feed(line)
+    console.close(failed=True)
+    shown = out.getvalue().splitlines()
+    assert shown[0] == f"last lines of the log ({tmp_path / 'run.log'}):"
+    assert shown[-1] == "  └──> Aggregated MetricRecord: {'train-loss': 0.1}"
+
+
+def test_verbose_shows_everything(tmp_path):
+    out = io.StringIO()
+    console = RunConsole(tmp_path / "run.log", verbose=True, out=out)
+    for line in FLOWER_CHATTER:
+        console.feed(line)
+    assert len(out.getvalue().splitlines()) == len(FLOWER_CHATTER)
+
+
+def bar(percent: int) -> str:
+    return f"digits train: {percent:3d}%|{'#' * (percent // 10):<10}| {percent}/100 [00:01<00:01]"
+
+
+def test_a_progress_bar_in_a_log_shows_its_quarters(tmp_path):
+    """Not a terminal: 0, 25, 50, 75 and 100% of a bar, not each of its redraws."""
+    out = io.StringIO()
+    console = RunConsole(tmp_path / "run.log", out=out)
+    console.feed("\r".join(bar(p) for p in range(0, 101, 5)) + "\n")
+    console.close(failed=False)
+    assert [line.split("%")[0][-3:].strip() for line in out.getvalue().splitlines()] == \
+        ["0", "25", "50", "75", "100"]
+
+
+def test_the_follower_feeds_a_supernodes_progress_from_its_log_file(tmp_path):
+    node_log = tmp_path / "supernode-1-clientapp.log"
+    node_log.write_text("an old run's line\n")
+    out = io.StringIO()
+    console = RunConsole(tmp_path / "run.log", out=out)
+    follower = LogFollower(console, [node_log, tmp_path / "supernode-2.log"])
+    with node_log.open("a") as handle:
+        handle.write("\r".join(bar(p) for p in (10, 40, 60)) + "\r")
+    follower.poll()
+    with node_log.open("a") as handle:
+        handle.write(bar(100) + "\nERROR : cache folder is corrupt\n")
+    follower.poll()
+    console.close(failed=False)
+    assert out.getvalue().splitlines() == [
+        f"supernode-1-clientapp: {bar(60)}",
+        "error: supernode-1-clientapp: cache folder is corrupt",
+        f"supernode-1-clientapp: {bar(100)}",
+    ]
+
+
+def fake_summary(partition: str, curve: list[float], **config) -> dict:
+    return {"final_accuracy": curve[-1], "initial_accuracy": curve[0], "num_clients": 10,
+            "total_seconds": 3.0, "head_init": {"name": "ridge"},
+            "rounds": [{"round": t, "accuracy": a, "bytes_sent_per_client": 1e6,
+                        "bytes_received_per_client": 5e5} for t, a in enumerate(curve[1:], 1)],
+            "config": {"dataset": "digits", "encoder": "pixels", "head": "ova",
+                       "schedule": "two-stage", "head-init": "ridge", "seed": 0,
+                       "partition": partition, "run-name": partition, **config}}
+
+
+def test_a_run_folder_gets_its_plot_and_finds_its_iid_twin(tmp_path, capsys):
+    write_run(tmp_path, "iid", fake_summary("iid", [0.5, 0.8, 0.8]))
+    write_run(tmp_path, "other-seed", fake_summary("iid", [0.5, 0.9, 0.9], seed=1))
+    shard = write_run(tmp_path, "shard", fake_summary("shard", [0.5, 0.4, 0.6]))
+    assert (shard / PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = read_summary(shard)
+    twin = iid_twin(tmp_path, summary)
+    assert twin is not None and twin["config"]["run-name"] == "iid"
+    assert summary_lines(summary, twin).splitlines() == [
+        "  start (ridge)  round   0  accuracy 0.5000",
+        "  best           round   2  accuracy 0.6000",
+        "  final          round   2  accuracy 0.6000  (95% of it from round 2), R = 75.0%",
+        "  10 clients, 3 s; per client over 2 rounds: 2.00 MB down, 1.00 MB up",
+    ]
+    (shard / PLOT_FILE).unlink()
+    assert report_main([str(shard)]) == 0
+    assert "R(t) against its IID twin" in capsys.readouterr().out
+    assert (shard / PLOT_FILE).exists()
