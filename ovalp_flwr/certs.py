@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", type=Path, nargs="?", default=DEFAULT_DIR,
                         help=f"where to write (default {DEFAULT_DIR}; keep it git-ignored)")
-    parser.add_argument("--nodes", type=int, default=3, help="SuperNode key pairs to make")
+    parser.add_argument("--nodes", type=int, default=3,
+                        help="SuperNode key pairs to make (default: %(default)s)")
     args = parser.parse_args(argv)
     server, keys = make_all(args.dir, args.nodes)
     print(f"CA certificate:       {server.ca_cert}  (key {args.dir / 'ca.key'}, 0600)")

@@ -223,7 +223,8 @@ def flwr_args_after_dashes(parser: argparse.ArgumentParser, argv: list[str] | No
                            ) -> tuple[argparse.Namespace, list[str]]:
     """Parse our options; everything after `--` goes to `flwr run` untouched."""
     parser.add_argument("-v", "--verbose", action="store_true",
-                        help="show Flower's and Ray's whole log, not only the run's own lines")
+                        help="show Flower's (and in simulation Ray's) whole log, not only the "
+                             "run's own lines")
     parser.add_argument("flwr_args", nargs=argparse.REMAINDER,
                         help="passed to `flwr run` after `--` (e.g. --run-config ...)")
     args = parser.parse_args(argv)
@@ -261,7 +262,8 @@ def _has_cuda() -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.launch",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-supernodes", type=int, default=100)
+    parser.add_argument("--num-supernodes", type=int, default=100,
+                        help="virtual SuperNodes, one client each (default: %(default)s)")
     parser.add_argument("--num-gpus", type=float, default=None,
                         help="GPU share per virtual client (default 0.25 with CUDA, else 0)")
     parser.add_argument("--app", type=Path, default=PROJECT,

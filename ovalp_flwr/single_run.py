@@ -78,7 +78,7 @@ def summary_lines(summary: dict[str, Any], twin: dict[str, Any] | None = None) -
     the end against its IID twin if there is one, and what the rounds cost."""
     rounds = summary["rounds"]
     curve = start_and_rounds(summary)
-    best = max(range(len(curve)), key=curve.__getitem__)
+    best = max(range(min(1, len(rounds)), len(curve)), key=curve.__getitem__)  # as summary.json
     at_bar = first_round_at(curve, ACC_AT_FRACTION * summary["final_accuracy"])
     start = summary.get("head_init", {}).get("name", "random")
     labels = [f"start ({start})", "best", "final"]

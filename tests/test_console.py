@@ -128,6 +128,24 @@ def test_a_progress_bar_in_a_log_shows_its_quarters(tmp_path):
         ["0", "25", "50", "75", "100"]
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_progress_bar_in_a_terminal_is_one_line_redrawn(tmp_path):
+    out = Terminal()
+    console = RunConsole(tmp_path / "run.log", out=out)
+    console.feed("\r".join(bar(p) for p in (0, 50)) + "\n")
+    console.feed(f"{MARK}a line in the middle\n")  # ends the bar's line first
+    console.feed("\r".join(bar(p) for p in (60, 100)) + "\n")
+    console.close(failed=False)
+    lines = out.getvalue().split("\n")
+    assert [line.split("\r")[-1].rstrip() for line in lines] == \
+        [bar(50), "a line in the middle", bar(100), ""]
+    assert lines[0].count("\r") == 2  # drawn twice, in place
+
+
 def test_the_follower_feeds_a_supernodes_progress_from_its_log_file(tmp_path):
     node_log = tmp_path / "supernode-1-clientapp.log"
     node_log.write_text("an old run's line\n")
