@@ -87,7 +87,8 @@ class RunConsole:
 
     def _show(self, text: str) -> None:
         if MARK in text:
-            self._print(text.split(MARK, 1)[1])
+            warning = "warning: " if text.startswith("WARNING") else ""
+            self._print(warning + text.split(MARK, 1)[1])
         elif (bar := _PROGRESS.search(text)) is not None:
             self._progress(_FLOWER_LEVEL.sub("", text).strip(), int(bar.group(1)))
         elif text.startswith(("ERROR", "CRITICAL")):

@@ -87,12 +87,14 @@ def test_the_console_shows_the_runs_own_lines_and_logs_everything(tmp_path):
     console = RunConsole(log, out=out)
     for line in [FLOWER_CHATTER[0], f"\x1b[92mINFO \x1b[0m:      {MARK}round 1/2  stage 1\n",
                  *FLOWER_CHATTER[1:],
+                 f"\x1b[93mWARNING \x1b[0m:   {MARK}late node 7 not admitted: no reply\n",
                  "\x1b[91mERROR \x1b[0m:     run config: head='x' is not allowed\n"]:
         console.feed(line)
     console.close(failed=False)
     assert out.getvalue().splitlines() == ["round 1/2  stage 1",
+                                           "warning: late node 7 not admitted: no reply",
                                            "error: run config: head='x' is not allowed"]
-    assert len(log.read_text().splitlines()) == 5  # every line, as it came
+    assert len(log.read_text().splitlines()) == 6  # every line, as it came
 
 
 def test_a_failed_run_shows_the_last_lines_of_its_log(tmp_path):
