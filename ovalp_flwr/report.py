@@ -720,40 +720,55 @@ def relative_plot(preset: Preset, runs: Sequence[RunResult]) -> bytes:
 
 
 def r_final_plot(preset: Preset, runs: Sequence[RunResult]) -> bytes:
-    """Grouped bars: x = non-IID partition, one bar per method (or other-axes combination),
-    its value written above its error bar."""
+    """Grouped bars: x = non-IID partition, one bar per method; one panel per combination of
+    the other axes (a dataset each, say), so a bar group stays readable. Values are written
+    above the error bars while a panel holds few enough bars to read them."""
     plt = _pyplot()
     partitions = [p for p in preset.axes[REFERENCE_AXIS] if p != REFERENCE_CHOICE]
     groups = {k: v for k, v in panels(preset, runs).items() if any(r.relative for r in v)}
-    colors = _colors(plt, [label(k) for k in groups])
-    width = 0.8 / max(1, len(groups))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + len(partitions) * (0.8 + 0.35 * len(groups))),
-                                    4.4), layout="constrained")
+    by_panel: dict[Choices, dict[Choices, list[RunResult]]] = {}
+    for key, members in groups.items():
+        by_panel.setdefault(without(key, (METHOD_AXIS,)), {})[key] = members
+    bar_names = list(dict.fromkeys(_bar_name(key) for key in groups))
+    colors = _colors(plt, bar_names)
+    fig, axes = _grid(plt, len(by_panel),
+                      f"{preset.name}: R(final) per partition (mean ± std over seeds; IID = 100%)")
     top = 100.0
-    for i, (key, members) in enumerate(groups.items()):
-        for j, partition in enumerate(partitions):
-            s = stat([r.r_final for r in members if r.spec.choice(REFERENCE_AXIS) == partition])
-            if s.mean is None:
-                continue
-            x, err = j + (i - (len(groups) - 1) / 2) * width, s.std or 0.0
-            ax.bar(x, s.mean, width, yerr=err if s.std is not None else None, capsize=3,
-                   color=colors[label(key)], label=label(key))
-            ax.text(x, s.mean + err + 1.5, f"{s.mean:.0f}", ha="center", va="bottom",
-                    fontsize=7 if len(groups) > 4 else 8)
-            top = max(top, s.mean + err)
-    ax.axhline(100.0, color="grey", linestyle="--", linewidth=1)
-    ax.set_xticks(range(len(partitions)), partitions)
-    ax.set_ylim(0, top * 1.12)
-    ax.set_xlabel("partition")
-    ax.set_ylabel("R(final) (%)")
-    ax.set_title(f"{preset.name}: R(final) per partition\n(mean ± std over seeds; IID = 100%)")
-    ax.grid(axis="y", alpha=0.3)
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))  # one entry per bar colour
-    ax.legend(unique.values(), unique.keys(),
-              title=" / ".join(a for a in preset.axes if a != REFERENCE_AXIS),
-              loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    for ax, (rest, bars) in zip(axes, by_panel.items()):
+        width, written = 0.8 / len(bars), len(bars) * len(partitions) <= 24
+        for i, (key, members) in enumerate(bars.items()):
+            for j, partition in enumerate(partitions):
+                s = stat([r.r_final for r in members if r.spec.choice(REFERENCE_AXIS) == partition])
+                if s.mean is None:
+                    continue
+                x, err = j + (i - (len(bars) - 1) / 2) * width, s.std or 0.0
+                ax.bar(x, s.mean, width, yerr=err if s.std is not None else None, capsize=2,
+                       color=colors[_bar_name(key)], label=_bar_name(key))
+                if written:
+                    ax.text(x, s.mean + err + 1.5, f"{s.mean:.0f}", ha="center", va="bottom",
+                            fontsize=7)
+                top = max(top, s.mean + err)
+        ax.axhline(100.0, color="grey", linestyle="--", linewidth=1)
+        ax.set_xticks(range(len(partitions)), partitions, fontsize=8)
+        ax.set_title(title(rest))
+        ax.grid(axis="y", alpha=0.3)
+    for ax in axes:
+        ax.set_ylim(0, top * 1.12)
+    axes[0].set_ylabel("R(final) (%)")
+    unique: dict[str, Any] = {}
+    for ax in axes:  # one entry per bar colour, from whichever panel has it
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            unique.setdefault(name, handle)
+    fig.legend(unique.values(), unique.keys(), title=METHOD_AXIS if METHOD_AXIS in preset.axes
+               else " / ".join(a for a in preset.axes if a != REFERENCE_AXIS),
+               loc="outside right center", frameon=False)
     return _png(plt, fig)
+
+
+def _bar_name(choices: Choices) -> str:
+    """A bar's legend name: its method, or all its choices when the preset has no method axis."""
+    method = dict(choices).get(METHOD_AXIS)
+    return method if method is not None else label(choices)
 
 
 def _png(plt: Any, fig: Any) -> bytes:
