@@ -74,17 +74,21 @@ def fused_run_config(app: Path, flwr_args: Sequence[str]) -> dict[str, Any]:
 
 
 def check_data(config: RunConfig, app: Path) -> None:
-    """The feature cache, or else the dataset files it is built from, must exist.
+    """The feature cache must be sound, or else the dataset files it is built from must exist.
 
     Relative paths are the app's (Flower runs the apps in the app's folder).
     """
-    from ovalp_flwr.cache import cache_path
+    from ovalp_flwr.cache import CacheError, cache_path, load_features
     from ovalp_flwr.datasets import missing_data
 
     cache_dir = Path(config.feature_cache_dir)
     cache_dir = cache_dir if cache_dir.is_absolute() else app / cache_dir
     if cache_path(cache_dir, config.dataset, config.encoder).exists():
-        return  # read and verified by the ServerApp; a corrupt cache is its error to report
+        try:  # the ServerApp's own check (manifest, sizes, hashes): under a second
+            load_features(config.dataset, config.encoder, cache_dir)
+        except CacheError as err:
+            raise PreflightError(str(err)) from None
+        return
     problem = missing_data(config.dataset, config.data_dir or None, cwd=app)
     if problem:
         raise PreflightError(problem)

@@ -2,6 +2,7 @@
 own lines, progress that reads in a log, and one run folder summarised on its own."""
 
 import io
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,10 +38,20 @@ def test_a_missing_data_file_names_the_file_and_the_key(tmp_path):
     assert str(err.value) == (f"dataset 'mnist': {tmp_path / 'mnist.npz'} not found; set the run "
                               "config key data-dir (or the env var OVALP_DATA_DIR) to the folder "
                               "that holds it")
-    # a present feature cache is enough: its data is not read again
-    (tmp_path / "cache" / "mnist__efficientnet-lite0").mkdir(parents=True)
-    check_run(APP, ["-c", f"dataset='mnist' data-dir='{tmp_path}' "
-                          f"feature-cache-dir='{tmp_path / 'cache'}'"])
+
+
+
+def test_a_sound_cache_needs_no_data_and_a_corrupt_one_says_how_to_rebuild(tmp_path, cache_dir):
+    run_config = (f"encoder='pixels' data-dir='{tmp_path / 'no-data'}' "
+                  f"feature-cache-dir='{tmp_path / 'cache'}'")
+    shutil.copytree(cache_dir, tmp_path / "cache")
+    check_run(APP, ["-c", run_config])  # digits needs no file, but the cache is checked
+    test_file = tmp_path / "cache" / "digits__pixels" / "test.safetensors"
+    blob = bytearray(test_file.read_bytes())
+    blob[-1] ^= 0xFF
+    test_file.write_bytes(bytes(blob))
+    with pytest.raises(PreflightError, match=r"splits\.test\.sha256 mismatch: .*--rebuild$"):
+        check_run(APP, ["-c", run_config])
 
 
 def test_missing_data_reads_relative_dirs_from_the_apps_folder(tmp_path):
