@@ -5,7 +5,7 @@ logic and ClientApp handlers in one process (`ovalp_flwr.local_grid`: same recor
 strategy and client code as `flwr run`, delivered by direct calls instead of Ray), and
 writes `benchmarks/results/embedded_default.{json,md,png}`:
 
-    .venv/bin/python benchmarks/embedded_default.py            # full grid (~10 min, 2 cores)
+    .venv/bin/python benchmarks/embedded_default.py            # full grid (~6 min, 2 idle cores)
     .venv/bin/python benchmarks/embedded_default.py --seeds 0 --norms standardize
     .venv/bin/python benchmarks/embedded_default.py --local-epochs 30 --name local_epochs_30
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ovalp_flwr.config import RECIPE  # the paper's local recipe, as when the results were made
+from ovalp_flwr.console import quiet_flower
 from ovalp_flwr.local_grid import run_local
 from ovalp_flwr.results import read_summary
 
@@ -108,7 +109,7 @@ def main() -> None:
                         help="redraw the PNG from an existing <name>.json, run nothing")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/ovalp-bench"))
     args = parser.parse_args()
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    quiet_flower()
     if args.plot_only:
         saved = json.loads((OUT / f"{args.name}.json").read_text())["runs"]
         norms = list(dict.fromkeys(r["feature_norm"] for r in saved))
@@ -127,8 +128,8 @@ def main() -> None:
     (OUT / f"{args.name}.json").write_text(json.dumps({"setup": setup, "runs": rows}, indent=1))
     md = (f"# Embedded default: final accuracy after {args.rounds} rounds (%, mean ± std over "
           f"seeds {args.seeds})\n\n{args.clients} clients, digits through EfficientNet-Lite0, "
-          f"AdamW lr 0.01, batch 50, {args.local_epochs} local epochs.\nCommand: `.venv/bin/python "
-          f"benchmarks/embedded_default.py {' '.join(sys.argv[1:])}`\n\n{table(rows, args.norms)}\n")
+          f"AdamW lr 0.01, batch 50, {args.local_epochs} local epochs.\nCommand: `"
+          f"{shlex.join(['.venv/bin/python', 'benchmarks/embedded_default.py', *sys.argv[1:]])}`\n\n{table(rows, args.norms)}\n")
     (OUT / f"{args.name}.md").write_text(md + f"\n![accuracy per round]({args.name}.png)\n")
     plot(rows, args.norms, OUT / f"{args.name}.png")
     print(md)

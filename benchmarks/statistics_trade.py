@@ -29,6 +29,7 @@ import torch
 
 from ovalp_flwr.cache import load_or_build
 from ovalp_flwr.ceiling import CEILING_FILE, ceiling
+from ovalp_flwr.console import quiet_flower
 from ovalp_flwr.head_init import ClassStatistics, make_head_init
 from ovalp_flwr.head_init.statistics import wire_bytes
 from ovalp_flwr.normalize import FeatureMoments, NormStats, normalize
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", help=f"DATASET:ENCODER; default: {CASES}")
     parser.add_argument("--cache-dir", type=Path, default=Path("feature_cache"))
     args = parser.parse_args(argv)
+    quiet_flower()
     torch.set_num_threads(2)
     cases = {case: run_case(case, args.cache_dir) for case in args.case or CASES}
     aggregation = aggregation_cost(args.cache_dir)

@@ -15,6 +15,7 @@ environment variables (no GPU is asked for on CPU; with one, each client asks fo
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import threading
@@ -35,6 +36,15 @@ def say(level: int, message: str, *args: object) -> None:
     from flwr.supercore import log
 
     log(level, MARK + message, *args)
+
+
+def quiet_flower() -> None:
+    """For in-process runs that say a line per run (sweeps, benchmarks): Flower's INFO per
+    round and its warning that federated evaluation is off (the server evaluates centrally)
+    would bury it. Flower sets its logger to DEBUG when first imported, so import it first."""
+    from flwr.supercore.logger import FLOWER_LOGGER
+
+    FLOWER_LOGGER.setLevel(logging.ERROR)
 
 
 def relative(path: Path) -> str:

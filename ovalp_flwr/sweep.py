@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import io
 import itertools
-import logging
 import sys
 import time
 import tomllib
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.console import quiet_flower
 from ovalp_flwr.launch import sigterm_unwinds
 from ovalp_flwr.results import read_summary
 
@@ -292,12 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="show the in-process runner's Flower log (--runner local)")
     args = parser.parse_args(argv)
     if not args.verbose:
-        # one line per run says what matters; Flower's INFO per round and its warning that
-        # federated evaluation is off (the server evaluates centrally) would bury it. Flower
-        # sets its logger to DEBUG when first imported, so import it before setting the level.
-        from flwr.supercore.logger import FLOWER_LOGGER
-
-        FLOWER_LOGGER.setLevel(logging.ERROR)
+        quiet_flower()
     try:
         preset = load_preset(args.preset)
         specs = select(preset.runs(args.seeds), args.only)
