@@ -32,6 +32,11 @@ RECIPE: dict[str, Any] = {"local-optimizer": "adamw", "learning-rate": 0.01,
                           "weight-decay": 1e-4, "head-init": "random"}
 
 
+# Where a run's files live and which device ran it: none changes what the run computes.
+NOT_PART_OF_THE_RESULT = frozenset({"run-name", "results-dir", "feature-cache-dir", "data-dir",
+                                    "device"})
+
+
 class ConfigError(ValueError):
     """A run-config value that is not allowed; the message is one self-contained line."""
 

@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ovalp_flwr.config import NOT_PART_OF_THE_RESULT
 from ovalp_flwr.metrics import ACC_AT_FRACTION, first_round_at, relative_curve, start_and_rounds
 
 PLOT_FILE = "accuracy.png"
 # what a partition is made of: a twin differs from its run in these keys (and where it lives)
 PARTITION_KEYS = ("partition", "classes-per-client", "dirichlet-p", "dirichlet-alpha", "zipf-s")
-NOT_COMPARED = (*PARTITION_KEYS, "run-name", "results-dir", "feature-cache-dir", "data-dir",
-                "device")
+NOT_COMPARED = NOT_PART_OF_THE_RESULT | set(PARTITION_KEYS)
 
 
 def iid_twin(results_dir: Path, summary: dict[str, Any]) -> dict[str, Any] | None:

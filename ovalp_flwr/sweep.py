@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.config import NOT_PART_OF_THE_RESULT, ConfigError, RunConfig
 from ovalp_flwr.console import quiet_flower
 from ovalp_flwr.launch import sigterm_unwinds
 from ovalp_flwr.results import read_summary
@@ -47,7 +47,6 @@ PAPER_SEEDS = (0, 42, 777, 1337, 15254)
 REFERENCE_AXIS, REFERENCE_CHOICE = "partition", "iid"
 PRESET_KEYS = {"description", "num-supernodes", "seeds", "target-accuracy", "ceiling-fraction"}
 RUN_KEYS_SET_BY_SWEEP = {"seed", "run-name", "results-dir"}
-NOT_PART_OF_THE_RESULT = {"run-name", "results-dir", "feature-cache-dir", "data-dir", "device"}
 
 # What a summary without these keys ran: the quantity-skew variants came with the first seven,
 # and until then every run took the paper's local recipe; until `head-init` every run started
