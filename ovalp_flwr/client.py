@@ -7,17 +7,21 @@ device; a round is then a few SGD (or AdamW) steps on a slice of memory.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from ovalp_flwr import protocol as p
-from ovalp_flwr.client_data import NodeRows, feature_source, node_rows, noise_spec, partition_spec
+from ovalp_flwr.client_data import (NodeRows, feature_source, node_rows, node_test_rows,
+                                    noise_spec, partition_spec)
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.head_init.statistics import KINDS, ClassStatistics
-from ovalp_flwr.heads import accuracy, head_from_numpy
+from ovalp_flwr.heads import accuracy, loss_for
+from ovalp_flwr.model import FeatureModel, model_from_numpy, model_to_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
 from ovalp_flwr.devices import resolve_device
 from ovalp_flwr.training import LocalSchedule, shuffle_generator, train_local
@@ -139,6 +143,7 @@ def train(msg: Message, context: Context) -> Message:
         schedule=local_schedule(config, round_config, len(labels)),
         generator=shuffle_generator(config.seed, server_round, partition_id),
         gradient_offset=None if correction is None else p.from_record(correction),
+        activation=config.adapter_activation,
     )
     metrics = MetricRecord({
         p.NUM_EXAMPLES: result.num_examples,
@@ -168,7 +173,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Local accuracy of the global head on this client's own data."""
     config = RunConfig.from_mapping(context.run_config)
     features, labels = _device_rows(config, context, str(msg.content[p.CONFIG].get(p.NORM_DIGEST, "")))
-    head = head_from_numpy(p.from_record(msg.content[p.ARRAYS]), features.device)
+    head = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), features.device,
+                            config.adapter_activation)
     local_accuracy = accuracy(head, features, labels) if len(labels) else 0.0
     metrics = MetricRecord({p.ACCURACY: local_accuracy, p.NUM_EXAMPLES: len(labels)})
     return Message(content=RecordDict({p.METRICS: metrics}), reply_to=msg)
@@ -197,8 +203,10 @@ def _rows(config: RunConfig, context: Context) -> NodeRows:
                      num_partitions)
 
 
-def _device_rows(config: RunConfig, context: Context, digest: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """This client's normalised features and labels on its device, built once per process."""
+def _device_rows(config: RunConfig, context: Context, digest: str,
+                 split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    """This client's normalised features and labels on its device, built once per process:
+    its training partition, or (split="test") its own test split (`node_test_rows`)."""
     partition_id, num_partitions = node_partition(context)
     run = (feature_source(config, context.node_config), partition_spec(config),
            noise_spec(config), config.feature_norm, config.device, num_partitions, digest)
@@ -206,9 +214,9 @@ def _device_rows(config: RunConfig, context: Context, digest: str) -> tuple[torc
         _ON_DEVICE.clear()
         _ON_DEVICE[run] = {}
     on_device = _ON_DEVICE[run]
-    if partition_id not in on_device:
+    if (split, partition_id) not in on_device:
         stats = _stored_stats(context, digest)
-        rows = _rows(config, context)
+        rows = _rows(config, context) if split == "train" else _test_rows(config, context)
         device = resolve_device(config.device)
         if device.type == "cpu":
             # Heads are tiny: with 2 intra-op threads a 3-step round took 15 ms, with one
@@ -216,6 +224,106 @@ def _device_rows(config: RunConfig, context: Context, digest: str) -> tuple[torc
             torch.set_num_threads(1)
         features = normalize(config.feature_norm, rows.features, stats) if len(rows.labels) \
             else rows.features
-        on_device[partition_id] = (torch.from_numpy(np.ascontiguousarray(features)).to(device),
-                                   torch.from_numpy(rows.labels.astype(np.int64)).to(device))
-    return on_device[partition_id]
+        on_device[split, partition_id] = (
+            torch.from_numpy(np.ascontiguousarray(features)).to(device),
+            torch.from_numpy(rows.labels.astype(np.int64)).to(device))
+    return on_device[split, partition_id]
+
+
+def _test_rows(config: RunConfig, context: Context) -> NodeRows:
+    partition_id, num_partitions = node_partition(context)
+    source = feature_source(config, context.node_config)
+    features, labels = node_test_rows(source, partition_spec(config), noise_spec(config),
+                                      partition_id, num_partitions)
+    return NodeRows(features, labels, 0, "")
+
+
+# ------------------------------------------------------------------ personalization (PFT)
+
+
+def personalize(msg: Message, context: Context) -> Message:
+    """Fine-tune the global model with the method the server names, on this client's own
+    training rows, once. The reply carries the personalized model (the other clients score
+    it: `score_personalized`), its Local accuracy after every epoch on this client's own test
+    split, and snapshots at the run's curve epochs. A node with a `model-dir` keeps the model."""
+    from ovalp_flwr.personalize import LocalData, Task, make_personalizer
+
+    config = RunConfig.from_mapping(context.run_config)
+    request = msg.content[p.CONFIG]
+    method, digest = str(request[p.METHOD]), str(request.get(p.NORM_DIGEST, ""))
+    features, labels = _device_rows(config, context, digest)
+    test_x, test_y = _device_rows(config, context, digest, split="test")
+    global_model = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), features.device,
+                                    config.adapter_activation)
+    curve: list[float] = []
+    snapshots: dict[int, dict[str, np.ndarray]] = {}
+
+    def on_epoch(epoch: int, model: FeatureModel) -> None:
+        curve.append(accuracy(model, test_x, test_y) if len(test_y) else 0.0)
+        if epoch in config.curve_epochs:
+            snapshots[epoch] = model_to_numpy(model)
+
+    personalizer = make_personalizer(method, config.personalizer_options(method))
+    task = Task(loss_for(config.head, stage=2), pft_generator(config.seed, context), on_epoch)
+    started = time.perf_counter()
+    model = (personalizer.personalize(global_model, LocalData(features, labels), task)
+             if len(labels) else global_model)  # nothing to fine-tune on: the global model
+    seconds = time.perf_counter() - started
+    arrays = model_to_numpy(model)
+    saved = save_personalized(context, str(request.get(p.RUN_NAME, "")), method, arrays)
+    content = RecordDict({
+        p.ARRAYS: p.to_record(arrays),
+        p.METRICS: MetricRecord({p.LOCAL_CURVE: curve, p.TRAIN_SECONDS: seconds,
+                                 p.NUM_EXAMPLES: len(labels), p.NUM_TEST: len(test_y)}),
+        p.CONFIG: ConfigRecord({"saved": saved}),
+    })
+    for epoch, snapshot in snapshots.items():
+        content[f"{p.SNAPSHOT_PREFIX}{epoch}"] = p.to_record(snapshot)
+    return Message(content=content, reply_to=msg)
+
+
+def score_personalized(msg: Message, context: Context) -> Message:
+    """Score every model the server sent on this client's own test split: right predictions,
+    and the summed L2 distance between its features and the global model's (the study's
+    feature distortion), so no test row leaves the client."""
+    config = RunConfig.from_mapping(context.run_config)
+    digest = str(msg.content[p.CONFIG].get(p.NORM_DIGEST, ""))
+    test_x, test_y = _device_rows(config, context, digest, split="test")
+    device, activation = test_x.device, config.adapter_activation
+    global_model = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), device, activation)
+    metrics: dict[str, int | float] = {p.NUM_TEST: len(test_y)}
+    with torch.inference_mode():
+        global_features = global_model.features(test_x)
+        for key, record in msg.content.array_records.items():
+            if not key.startswith(p.MODEL_PREFIX):
+                continue
+            name = key[len(p.MODEL_PREFIX):]
+            model = model_from_numpy(p.from_record(record), device, activation)
+            features = model.features(test_x)
+            metrics[p.CORRECT_PREFIX + name] = int((model(test_x).argmax(1) == test_y).sum())
+            metrics[p.DISTANCE_PREFIX + name] = float(
+                torch.linalg.vector_norm(features - global_features, dim=1).sum())
+    return Message(content=RecordDict({p.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+
+def pft_generator(seed: int, context: Context) -> torch.Generator:
+    """The PFT batch order, fixed by (run seed, partition): reruns are identical, and the
+    round-indexed federated streams never repeat it."""
+    partition_id, _ = node_partition(context)
+    entropy = np.random.SeedSequence([seed, partition_id, 0x9F7]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(entropy))
+
+
+def save_personalized(context: Context, run_name: str, method: str,
+                      arrays: dict[str, np.ndarray]) -> str:
+    """`<model-dir>/<run-name>/<method>.safetensors`, atomically, if the node config names a
+    model dir (a deployed node keeps its model); returns the path, or "" when not kept."""
+    from ovalp_flwr.personalize.store import write_model
+
+    model_dir = context.node_config.get("model-dir")
+    if not model_dir:
+        return ""
+    path = Path(str(model_dir)).expanduser().resolve() / (run_name or "run") / f"{method}.safetensors"
+    write_model(path, arrays, {"method": method, "run-name": run_name,
+                               "partition-id": str(node_partition(context)[0])})
+    return str(path)

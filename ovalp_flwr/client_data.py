@@ -213,3 +213,32 @@ def _read_rows(path: Path, request: dict, space: str) -> NodeRows:
     if metadata.get("sha256") != _rows_digest(features, labels):
         raise stale("sha256 mismatch (corrupted)")
     return NodeRows(features, labels, int(metadata["noisy"]), space)
+
+
+@lru_cache(maxsize=8)
+def node_test_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
+                   partition_id: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    """This client's own test split (personalization's Local accuracy): rows of its cache's test
+    split drawn with the class counts of its training partition scaled by test/train size, so
+    it follows the client's own label distribution and holds its share of the test split.
+    Seeded by (run seed, partition id); never a training row (another split); clean labels."""
+    cached = node_features(source)
+    train = node_rows(source, spec, noise, partition_id, num_partitions).labels
+    return local_test_split(train, cached.test.y, len(cached.train.y),
+                            np.random.default_rng([spec.seed, partition_id, 0x7E57]),
+                            cached.test.x)
+
+
+def local_test_split(train_labels: np.ndarray, test_labels: np.ndarray, train_size: int,
+                     rng: np.random.Generator, test_features: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Per class held: round(count x |test| / train_size) test rows of that class (at least one,
+    at most all), without replacement; returns their features and labels."""
+    ratio = len(test_labels) / max(train_size, 1)
+    picks = []
+    for label, count in zip(*np.unique(train_labels, return_counts=True)):
+        pool = np.flatnonzero(test_labels == label)
+        take = min(len(pool), max(1, round(count * ratio)))
+        picks.append(rng.choice(pool, take, replace=False))
+    rows = np.sort(np.concatenate(picks)) if picks else np.empty(0, np.int64)
+    return np.ascontiguousarray(test_features[rows]), test_labels[rows].astype(np.int64)

@@ -24,6 +24,12 @@ EPOCH_SIZES = ("own-data", "equal-share", "own-data-equal-steps")
 SERVER_OPTIMIZERS = ("fedavg", "fedadam")
 HEAD_INITS = ("random", "zeros", "class-means", "ridge")  # ovalp_flwr.head_init
 STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.secure_sum
+ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.model
+PFT_PREFIX = "pft."  # pft.<method>.<hyperparameter>: a personalization method's own knobs
+# the knobs every method shares (personalize.base.FineTuning) and their run-config keys
+SHARED_PFT = {"epochs": "pft-epochs", "learning-rate": "pft-learning-rate",
+              "batch-size": "pft-batch-size", "optimizer": "pft-optimizer",
+              "weight-decay": "pft-weight-decay"}
 # The paper's recipe, which the defaults were until SCAFFOLD ("Quantity skew") and the
 # closed-form start ("Closed-form starts") replaced it: presets that reproduce the paper, and
 # tests of its claims, pin it.
@@ -98,13 +104,34 @@ class RunConfig:
     device: str = "auto"
     run_name: str = ""
     results_dir: str = "results"
+    # the model on the cached features: the heads alone (0), or an adapter B (D -> adapter-dim,
+    # then adapter-activation) under the heads, trained federatedly with them (ovalp_flwr.model)
+    adapter_dim: int = 0
+    adapter_activation: str = "relu"
+    # personalization after the last round (README, "Personalization"): the methods each
+    # client runs on the final global model (ovalp_flwr.personalize), space-separated; "" = none
+    personalize: str = ""
+    personalize_curve: str = ""  # PFT epochs at which Global is measured too (Local: every one)
+    pft_epochs: int = 15  # what every method shares (the study: 15 epochs of Adam at 1e-3)
+    pft_learning_rate: float = 1e-3
+    pft_batch_size: int = 32
+    pft_optimizer: str = "adamw"
+    pft_weight_decay: float = 0.0
+    # ("<method>.<hyperparameter>", value) pairs of `pft.*` keys: each method's own knobs
+    pft: tuple[tuple[str, Any], ...] = dataclasses.field(default_factory=lambda: default_pft())
 
     @classmethod
     def from_mapping(cls, run_config: Mapping[str, Any]) -> "RunConfig":
         """Build from Flower's run config (dash-case keys); unknown keys are errors."""
-        known = {f.name.replace("_", "-"): f for f in fields(cls)}
+        known = {f.name.replace("_", "-"): f for f in fields(cls) if f.name != "pft"}
         values: dict[str, Any] = {}
+        pft = {key: value for key, value in run_config.items() if key.startswith(PFT_PREFIX)}
+        if pft:
+            given = {key[len(PFT_PREFIX):]: value for key, value in pft.items()}
+            values["pft"] = tuple(sorted({**dict(default_pft()), **given}.items()))
         for key, value in run_config.items():
+            if key.startswith(PFT_PREFIX):
+                continue
             if key not in known:
                 raise ConfigError(key, value, f"known keys: {', '.join(sorted(known))}")
             values[known[key].name] = _coerce(key, value, known[key].type)
@@ -113,8 +140,25 @@ class RunConfig:
         return config
 
     def to_dict(self) -> dict[str, Any]:
-        """Dash-case keys, as in pyproject, for results files."""
-        return {k.replace("_", "-"): v for k, v in dataclasses.asdict(self).items()}
+        """Dash-case keys, as in pyproject (`pft.*` flattened as Flower does), for results files."""
+        flat = {k.replace("_", "-"): v for k, v in dataclasses.asdict(self).items() if k != "pft"}
+        return {**flat, **{PFT_PREFIX + key: value for key, value in self.pft}}
+
+    @property
+    def personalization_methods(self) -> list[str]:
+        return self.personalize.split()
+
+    @property
+    def curve_epochs(self) -> list[int]:
+        """`personalize-curve` as sorted epochs (validated)."""
+        return sorted({int(e) for e in self.personalize_curve.split()})
+
+    def personalizer_options(self, method: str) -> dict[str, Any]:
+        """One method's hyperparameters: the shared `pft-*` keys, then its own `pft.<method>.*`."""
+        shared = {name: getattr(self, key.replace("-", "_")) for name, key in SHARED_PFT.items()}
+        own = {key.split(".", 1)[1]: value for key, value in self.pft
+               if key.split(".", 1)[0] == method}
+        return {**shared, **own}
 
     @property
     def stages(self) -> bool:
@@ -171,6 +215,51 @@ class RunConfig:
             if "/" in name or name.startswith("."):
                 raise ConfigError(key, name, "use a plain name without '/' or a leading '.'")
         self._check_dataset_and_encoder()
+        self._check_model_and_personalization()
+
+    def _written_key(self, key: str) -> str:
+        """The key a user wrote for a method's knob: `pft.<method>.<name>`, or the shared
+        `pft-<name>` it came from."""
+        own = key[len(PFT_PREFIX):] if key.startswith(PFT_PREFIX) else ""
+        name = own.split(".", 1)[-1]
+        return SHARED_PFT[name] if own and own not in dict(self.pft) and name in SHARED_PFT else key
+
+    def _check_model_and_personalization(self) -> None:
+        """The adapter's shape and start, the methods' names and every method's knobs."""
+        from ovalp_flwr.personalize import METHODS, HyperparameterError, make_personalizer
+
+        _at_least("adapter-dim", self.adapter_dim, 0)
+        _one_of("adapter-activation", self.adapter_activation, ADAPTER_ACTIVATIONS)
+        if self.adapter_dim and self.head_init not in ("random", "zeros"):
+            raise ConfigError("head-init", self.head_init,
+                              "with adapter-dim > 0 the heads read the adapter's features, not "
+                              "the encoder's the closed-form starts are built from; use random "
+                              "or zeros")
+        for key, _ in self.pft:
+            method = key.split(".", 1)[0]
+            if "." not in key or method not in METHODS:
+                raise ConfigError(PFT_PREFIX + key, dict(self.pft)[key],
+                                  f"use pft.<method>.<hyperparameter> with a method from: "
+                                  f"{', '.join(METHODS)}")
+        for method in self.personalization_methods:
+            if method not in METHODS:
+                raise ConfigError("personalize", method,
+                                  f"choose methods from: {', '.join(METHODS)}")
+        if len(set(self.personalization_methods)) != len(self.personalization_methods):
+            raise ConfigError("personalize", self.personalize, "name each method once")
+        try:  # the shared knobs; a method this run uses with all it gets; the others' own knobs
+            make_personalizer("ft", self.personalizer_options("ft"))
+            for method in METHODS:
+                options = self.personalizer_options(method)
+                if method not in self.personalization_methods:
+                    options = {k: v for k, v in options.items() if k not in SHARED_PFT}
+                make_personalizer(method, options)
+        except HyperparameterError as err:
+            raise ConfigError(self._written_key(err.key), err.value, err.allowed) from None
+        for epoch in self.personalize_curve.split():
+            if not epoch.isdigit() or not 1 <= int(epoch) <= self.pft_epochs:
+                raise ConfigError("personalize-curve", self.personalize_curve,
+                                  f"use space-separated epochs in 1..pft-epochs={self.pft_epochs}")
 
     def _check_dataset_and_encoder(self) -> None:
         """Known names whose modalities match, checked before any data or network is read."""
@@ -187,6 +276,16 @@ class RunConfig:
             fitting = [name for name in ENCODERS if encoder_modality(name) == reads]
             raise ConfigError("encoder", self.encoder,
                               f"dataset {self.dataset!r} is {reads}; choose one of: {', '.join(fitting)}")
+
+
+def default_pft() -> tuple[tuple[str, Any], ...]:
+    """Every method's own knobs at the defaults its class declares, as `pft` holds them."""
+    from ovalp_flwr.personalize import METHODS, FineTuning  # late: torch
+
+    shared = {f.name for f in fields(FineTuning)}
+    return tuple(sorted((f"{name}.{f.name.replace('_', '-')}", f.default)
+                        for name, cls in METHODS.items()
+                        for f in fields(cls.Hyperparameters) if f.name not in shared))
 
 
 def check_num_clients(num_clients: int, num_samples: int) -> None:

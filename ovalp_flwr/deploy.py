@@ -103,13 +103,16 @@ def node_config(partition_id: int, num_partitions: int, node_dir: str | None,
                 default_cache: Path | None = None) -> str:
     """`--node-config` of one SuperNode. With a node dir: its own data and cache dirs. Without:
     the run's data files, but still its own cache dir (`default_cache`), so that no two
-    SuperNodes share a cache and each keeps its rows file (see client_data)."""
+    SuperNodes share a cache and each keeps its rows file (see client_data). Either way a
+    model dir beside the cache, where the node keeps its personalized models."""
     config = f"partition-id={partition_id} num-partitions={num_partitions}"
     if node_dir:
         root = Path(node_dir.format(i=partition_id)).resolve()
-        config += f" data-dir='{root / 'data'}' feature-cache-dir='{root / 'cache'}'"
+        config += (f" data-dir='{root / 'data'}' feature-cache-dir='{root / 'cache'}'"
+                   f" model-dir='{root / 'models'}'")
     elif default_cache is not None:
-        config += f" feature-cache-dir='{default_cache}'"
+        config += (f" feature-cache-dir='{default_cache}'"
+                   f" model-dir='{default_cache.parent / 'models'}'")
     return config
 
 

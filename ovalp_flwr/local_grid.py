@@ -27,8 +27,11 @@ PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
 def app_config(pyproject: Path = PYPROJECT) -> dict[str, Any]:
-    """The `[tool.flwr.app.config]` defaults, as `context.run_config` would hold them."""
-    return dict(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
+    """The `[tool.flwr.app.config]` defaults, as `context.run_config` would hold them (nested
+    tables flattened to dotted keys, as Flower does)."""
+    from flwr.common.config import flatten_dict
+
+    return flatten_dict(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
 
 
 class InProcessGrid(Grid):

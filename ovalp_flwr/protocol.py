@@ -15,6 +15,8 @@ from flwr.app import Array, ArrayRecord
 
 DESCRIBE = "query.describe"
 SET_NORM = "query.set_norm"
+PERSONALIZE = "train.personalize"  # fine-tune the global model with one method, once
+SCORE_PERSONALIZED = "evaluate.personalized"  # score every client's model on the own test split
 
 ARRAYS = "arrays"
 CONFIG = "config"
@@ -41,6 +43,15 @@ NUM_CLASSES = "num-classes"  # the server's label set size, for the statistics' 
 CLIPPING_RANGE = "secagg-clipping-range"  # |per-sample statistic| SecAgg+ can carry
 SECAGG_CONFIGS = "secaggplus_configs"  # flwr...secaggplus_constants.RECORD_KEY_CONFIGS
 NORM_STATE = "ovalp-norm"  # key of the client's stored statistics in context.state
+METHOD = "method"  # the personalization method a PERSONALIZE message asks for
+RUN_NAME = "run-name"  # where a node files its personalized model (model-dir/<run>/<method>)
+MODEL_PREFIX = "model:"  # SCORE_PERSONALIZED: one ArrayRecord per model to score, model:<name>
+LOCAL_CURVE = "local-curve"  # Local accuracy after each PFT epoch
+CURVE_EPOCHS = "curve-epochs"  # the epochs of the snapshots a PERSONALIZE reply carries
+SNAPSHOT_PREFIX = "epoch:"  # PERSONALIZE reply: the model after epoch <e>, epoch:<e>
+CORRECT_PREFIX = "correct:"  # SCORE_PERSONALIZED reply: right predictions of model <name>
+DISTANCE_PREFIX = "distance:"  # ... and the sum of its features' L2 distances to the global's
+NUM_TEST = "num-test"  # size of the client's own test split
 
 
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:

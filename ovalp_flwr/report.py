@@ -868,12 +868,33 @@ def write_report(preset: Preset, specs: Sequence[RunSpec], results_root: Path, o
         (out_dir / stale).unlink(missing_ok=True)
     for name, data in images.items():
         write_atomic(out_dir / name, data)
+    personalization = personalized_runs(preset, runs, results_dir)
+    if personalization:
+        from ovalp_flwr.personalize import report as pft_report
+
+        section, pft_images, pft_csv = pft_report.section(personalization)
+        for name, data in pft_images.items():
+            write_atomic(out_dir / name, data)
+        write_atomic(out_dir / "personalization.csv", pft_csv)
     write_atomic(out_dir / "runs.csv", runs_csv(preset, runs))
     write_atomic(out_dir / "table.csv", table_csv(preset, runs))
     seeds = list(dict.fromkeys(s.seed for s in specs))
     text = markdown(preset, runs, missing, seeds, results_dir, command, list(images))
+    if personalization:
+        text = text.replace("\n## Plots\n", f"\n{section}\n## Plots\n", 1)
     write_atomic(out_dir / "report.md", text)
     return out_dir / "report.md"
+
+
+def personalized_runs(preset: Preset, runs: Sequence[RunResult],
+                      results_dir: Path) -> dict[Choices, list[dict]]:
+    """The summaries of the runs that personalized, by cell (seeds pooled)."""
+    cells: dict[Choices, list[dict]] = {}
+    for run in runs:
+        summary = read_summary(results_dir / run.spec.name)
+        if "personalization" in summary:
+            cells.setdefault(run.spec.choices, []).append(summary)
+    return {cell: cells[cell] for cell in combos(preset) if cell in cells}
 
 
 def report_run(run_dir: Path) -> int:

@@ -28,6 +28,11 @@ ROUND_COLUMNS = (
 )
 
 
+PERSONALIZATION_FILE = "personalization.csv"
+PERSONALIZATION_COLUMNS = ("method", "partition", "num_train", "num_test", "local", "global",
+                           "distortion", "seconds")
+
+
 def default_run_name(config: dict[str, Any]) -> str:
     """Timestamped, and says what ran: `20261121-130501-digits-ova-two-stage-shard1-seed0`."""
     partition = config["partition"]
@@ -48,6 +53,8 @@ def write_run(results_dir: Path, run_name: str, summary: dict[str, Any]) -> Path
     write_durably(staging / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
     write_durably(staging / "rounds.csv", _rounds_csv(summary["rounds"]))
     write_durably(staging / PLOT_FILE, plot_run(summary, iid_twin(results_dir, summary)))
+    if "personalization" in summary:
+        write_durably(staging / PERSONALIZATION_FILE, personalization_csv(summary["personalization"]))
     fsync_dir(staging)
     if final.exists():
         retired = results_dir / f".{run_name}.old-{os.getpid()}"
@@ -78,4 +85,14 @@ def _rounds_csv(rounds: list[dict[str, Any]]) -> str:
     writer = csv.DictWriter(buffer, fieldnames=ROUND_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rounds)
+    return buffer.getvalue()
+
+
+def personalization_csv(personalization: dict[str, Any]) -> str:
+    """One row per (method, client): the personalization phase's per-client results."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=PERSONALIZATION_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    for method, result in personalization["methods"].items():
+        writer.writerows({"method": method, **row} for row in result["clients"])
     return buffer.getvalue()

@@ -34,7 +34,8 @@ from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.console import say
 from ovalp_flwr.devices import resolve_device
 from ovalp_flwr.head_init import ClassStatistics, HeadInit, make_head_init
-from ovalp_flwr.heads import accuracy, head_from_numpy
+from ovalp_flwr.heads import accuracy
+from ovalp_flwr.model import initial_adapter, model_from_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize
 from ovalp_flwr.partition import PartitionSummary, summarize_partition, summarize_sizes
 from ovalp_flwr.results import default_run_name, write_run
@@ -78,8 +79,13 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     summary["local_steps"] = config.local_steps or steps or None  # None: epochs of own data
     summary["setup"] = setup.costs.to_dict()
     summary["head_init"] = start
-    summary["total_seconds"] = time.time() - started
     run_name = config.run_name or default_run_name(config.to_dict())
+    if config.personalization_methods:
+        from ovalp_flwr.personalization import personalization_phase
+
+        summary["personalization"] = personalization_phase(
+            grid, config, clients, result.arrays, stats.digest() if stats else "", run_name)
+    summary["total_seconds"] = time.time() - started
     out = write_run(resolve_path(config.results_dir), run_name, summary)
     say(INFO, "final accuracy %.4f after %d rounds (%s start %.4f; %s, %s, %s); results in %s",
         summary["final_accuracy"], config.num_server_rounds, config.head_init,
@@ -211,8 +217,11 @@ def initial_head(config: RunConfig, init: HeadInit, summed: StatisticsSum,
     if init.statistics != "none" and summed.total is None:
         raise FederationError(f"head-init={config.head_init!r}: no client sent statistics "
                               "(every client is empty)")
-    weight, bias = init.build(summed.total, cache.train.x.shape[1], cache.num_classes,
+    num_features = cache.train.x.shape[1]
+    weight, bias = init.build(summed.total, config.adapter_dim or num_features, cache.num_classes,
                               config.seed, config.head)
+    adapter = initial_adapter(num_features, config.adapter_dim, config.seed) \
+        if config.adapter_dim else {}
     seconds = time.perf_counter() - started
     info = {"name": init.name, "statistics": init.statistics, "clients_sent": summed.senders,
             "aggregation": "secagg+" if summed.secure else "plain",
@@ -222,7 +231,7 @@ def initial_head(config: RunConfig, init: HeadInit, summed: StatisticsSum,
     if init.statistics != "none":
         say(INFO, "head-init %s: statistics from %d clients (%.0f kB each), built in %.2f s",
             init.name, summed.senders, info["statistics_bytes_per_client"] / 1e3, seconds)
-    return {"weight": weight, "bias": bias}, info
+    return {**adapter, "weight": weight, "bias": bias}, info
 
 
 class CentralEvaluator:
@@ -240,7 +249,7 @@ class CentralEvaluator:
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()
-        head = head_from_numpy(p.from_record(arrays), self.device)
+        head = model_from_numpy(p.from_record(arrays), self.device, self.config.adapter_activation)
         acc = accuracy(head, self.features, self.labels)
         self.done_at[server_round] = time.perf_counter()
         self.seconds[server_round] = self.done_at[server_round] - start

@@ -143,8 +143,12 @@ def load_preset(path: Path) -> Preset:
     axes = raw.get("axes", {})
     if not axes or not all(isinstance(c, dict) and c for c in axes.values()):
         raise PresetError(f"preset {path}: needs [axes.<name>] tables with at least one choice")
+    from flwr.common.config import flatten_dict  # dotted keys (pft.<method>.<knob>), as Flower
+
     preset = Preset(Path(path).stem, Path(path), head.get("description", ""), num_supernodes,
-                    seeds, dict(raw.get("config", {})), {a: dict(c) for a, c in axes.items()},
+                    seeds, flatten_dict(raw.get("config", {})),
+                    {a: {n: flatten_dict(c) if isinstance(c, dict) else c
+                         for n, c in choices.items()} for a, choices in axes.items()},
                     target, share)
     for spec in preset.runs(seeds[:1]):
         _check(preset, spec)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ovalp_flwr.heads import head_from_numpy, head_to_numpy, loss_for
+from ovalp_flwr.heads import loss_for
+from ovalp_flwr.model import model_from_numpy, model_to_numpy
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ def train_local(
     schedule: LocalSchedule,
     generator: torch.Generator,
     gradient_offset: dict[str, np.ndarray] | None = None,
+    activation: str = "relu",
 ) -> LocalResult:
     """Train the global head on local data; optimiser state is fresh every round.
 
@@ -63,7 +65,7 @@ def train_local(
     num_examples = len(labels)
     if num_examples == 0:
         return LocalResult(arrays, 0, float("nan"), 0, time.perf_counter() - start)
-    head = head_from_numpy(arrays, features.device)
+    head = model_from_numpy(arrays, features.device, activation)  # the head, or adapter + head
     loss_fn = loss_for(head_type, stage)
     params = list(head.parameters())
     step = optimizer_step(params, schedule)
@@ -81,7 +83,7 @@ def train_local(
         seen += len(batch)
         steps += 1
     mean_loss = float(loss_sum) / seen
-    return LocalResult(head_to_numpy(head), num_examples, mean_loss, steps, time.perf_counter() - start)
+    return LocalResult(model_to_numpy(head), num_examples, mean_loss, steps, time.perf_counter() - start)
 
 
 def optimizer_step(params: list[torch.nn.Parameter], schedule: LocalSchedule) -> Callable[[], None]:

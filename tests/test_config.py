@@ -38,6 +38,18 @@ def test_pyproject_defaults_parse_and_match_the_dataclass():
         ("epoch-size", "half", "choose one of: own-data, equal-share, own-data-equal-steps"),
         ("server-optimizer", "fedyogi", "choose one of: fedavg, fedadam"),
         ("server-learning-rate", 0.0, "> 0"),
+        ("adapter-dim", -1, ">= 0"),
+        ("adapter-activation", "tanh", "choose one of: relu, gelu, none"),
+        ("personalize", "nope", "choose methods from: ft, lp, lp-ft, proximal, soup, sparse, lss, own-heads"),
+        ("personalize", "ft ft", "name each method once"),
+        ("personalize-curve", "0", "epochs in 1..pft-epochs=15"),
+        ("pft-epochs", 0, ">= 1"),
+        ("pft-optimizer", "lbfgs", "choose one of: adamw, sgd"),
+        ("pft-learning-rate", 0.0, "> 0"),
+        ("pft.proximal.mu", -1.0, ">= 0"),
+        ("pft.proximal.nu", 1.0, "proximal's hyperparameters: epochs, learning-rate"),
+        ("pft.lp-ft.lp-epochs", 99, "[0, epochs=15]"),
+        ("pft.nope.x", 1, "pft.<method>.<hyperparameter> with a method from: ft, lp"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(key, value, fragment):
@@ -71,3 +83,16 @@ def test_stage_schedule():
     config = RunConfig(stage1_rounds=2)
     assert [config.stage_for_round(r) for r in (1, 2, 3)] == [1, 1, 2]
     assert RunConfig(stage1_rounds=0).stage_for_round(1) == 2
+
+
+def test_an_adapter_refuses_a_closed_form_start_in_one_line():
+    with pytest.raises(ConfigError, match="head-init='ridge' is not allowed; with adapter-dim > 0"):
+        RunConfig.from_mapping({**app_config(), "adapter-dim": 8})
+
+
+def test_every_method_knob_is_in_the_app_config_at_its_declared_default():
+    """pyproject lists each method's own hyperparameters (Flower refuses keys it lacks) at the
+    defaults the method's class declares."""
+    declared = {f"pft.{key}": value for key, value in RunConfig().pft}
+    listed = {key: value for key, value in app_config().items() if key.startswith("pft.")}
+    assert listed == declared

@@ -11,6 +11,7 @@ import pytest
 
 from ovalp_flwr import deploy
 from ovalp_flwr.launch import descendants
+from ovalp_flwr.personalize.store import read_model
 from test_flwr_run import left_behind  # tests/ is on sys.path under pytest
 
 pytestmark = pytest.mark.e2e
@@ -36,10 +37,11 @@ class AppProcesses(threading.Thread):
                     self.seen[side].update(Path(a.decode()).name for a in argv[:2] if a)
 
 
-def test_three_supernodes_with_their_own_caches_complete_a_run(tmp_path, capfd, monkeypatch):
+def test_three_supernodes_with_their_own_caches_complete_a_run_and_personalize(tmp_path, capfd, monkeypatch):
     flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
     run_config = (f"encoder='pixels' num-server-rounds=2 partition='iid' run-name='deploy' "
-                  f"results-dir='{results}' feature-cache-dir='{tmp_path / 'server-cache'}'")
+                  f"results-dir='{results}' feature-cache-dir='{tmp_path / 'server-cache'}' "
+                  "personalize='ft lp-ft own-heads' pft-epochs=2 pft.lp-ft.lp-epochs=1")
     watchers = []
     run_app = deploy.run_app
 
@@ -78,6 +80,17 @@ def test_three_supernodes_with_their_own_caches_complete_a_run(tmp_path, capfd, 
         cache = tmp_path / f"node{i}" / "cache"
         assert (cache / "digits__pixels" / "manifest.json").exists()
         assert len(list((cache / ".rows").rglob("*.safetensors"))) == 1
+    # the personalization phase ran on the real nodes; each keeps its models in its own dir
+    phase = summary["personalization"]
+    assert list(phase["methods"]) == ["global", "ft", "lp-ft", "own-heads"]
+    assert all(len(result["clients"]) == 3 for result in phase["methods"].values())
+    assert phase["methods"]["ft"]["summary"]["local"] >= 0.5
+    for i in range(3):
+        for method in ("ft", "lp-ft", "own-heads"):
+            arrays, metadata = read_model(tmp_path / f"node{i}" / "models" / "deploy"
+                                          / f"{method}.safetensors")
+            assert (metadata["partition-id"], metadata["method"]) == (str(i), method)
+            assert arrays["weight"].shape == (10, 64)
     assert left_behind(flwr_home) == set(), "the deployment left processes behind"
 
 

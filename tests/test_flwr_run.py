@@ -101,3 +101,36 @@ def test_a_run_flower_refuses_shows_the_cause_from_the_superlinks_log(tmp_path, 
     assert ("error: Could not start run: Key 'heads' is not present in the main dictionary "
             f"(from {flwr_home / 'superlink.log'})") in output
     assert left_behind(flwr_home) == set()
+
+
+def test_flwr_run_personalizes_with_every_method_as_the_in_process_runner_does(tmp_path, capfd):
+    """Personalization through `flwr run` on Ray: per-client and summary metrics for every
+    method, identical to the in-process runner's for the same seed."""
+    from ovalp_flwr.personalize import METHODS
+
+    cache_dir, results_dir = tmp_path / "cache", tmp_path / "results"
+    load_or_build("digits", "pixels", cache_dir, progress=False)
+    options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+               "results-dir": str(results_dir), "num-server-rounds": 2, "adapter-dim": 16,
+               "head-init": "random", "partition": "bernoulli-dirichlet", "dirichlet-p": 1.0,
+               "dirichlet-alpha": 0.1, "personalize": " ".join(METHODS), "pft-epochs": 3,
+               "personalize-curve": "1", "pft.lp-ft.lp-epochs": 1}
+    run_config = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                          for k, v in {**options, "run-name": "pft"}.items())
+    flwr_home = tmp_path / "flwr-home"
+    code = launch.simulate(launch.PROJECT, num_supernodes=4, flwr_home=flwr_home,
+                           flwr_args=["--run-config", run_config], num_gpus=0.0)
+    output = capfd.readouterr().out.splitlines()
+    assert code == 0, "\n".join(output)
+    said = [line.split()[1] for line in output if line.startswith("personalize ")]
+    assert said == ["global", *METHODS], "\n".join(output)
+    flwr = read_summary(results_dir / "pft")["personalization"]
+    local = read_summary(run_local({**options, "run-name": "local"}, 4))["personalization"]
+    assert list(flwr["methods"]) == ["global", *METHODS]
+    for method, result in flwr["methods"].items():
+        assert len(result["clients"]) == 4
+        mine = local["methods"][method]
+        assert result["summary"] == mine["summary"], method
+        assert [{k: v for k, v in row.items() if k != "seconds"} for row in result["clients"]] \
+            == [{k: v for k, v in row.items() if k != "seconds"} for row in mine["clients"]]
+    assert left_behind(flwr_home) == set(), "the run left Flower/Ray processes behind"

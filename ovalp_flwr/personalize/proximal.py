@@ -1,0 +1,30 @@
+"""Proximal FT: FT with μ‖θ − θ_G‖² added to the loss (FedProx's term, applied after
+federation), which holds the personalized model near the global one."""
+
+from dataclasses import dataclass
+
+from ovalp_flwr.model import FeatureModel, clone
+from ovalp_flwr.personalize.base import (FineTuning, LocalData, Personalizer, Task, fit,
+                                         squared_distance)
+
+
+@dataclass(frozen=True)
+class ProximalHyperparameters(FineTuning):
+    mu: float = 0.1
+
+    def check(self) -> dict[str, str]:
+        bad = super().check()
+        if self.mu < 0:
+            bad["mu"] = "use a value >= 0"
+        return bad
+
+
+class Proximal(Personalizer):
+    name = "proximal"
+    Hyperparameters = ProximalHyperparameters
+
+    def personalize(self, global_model: FeatureModel, data: LocalData, task: Task) -> FeatureModel:
+        model = clone(global_model)
+        anchor = clone(global_model)
+        return fit(model, model.parameters(), data, self.hp, task,
+                   extra_loss=lambda m: self.hp.mu * squared_distance(m, anchor))

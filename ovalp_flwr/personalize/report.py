@@ -1,0 +1,204 @@
+"""A preset's personalization results (runs with `personalize`): the study's Table-2-style
+table (mean ± std over seeds), the distortion-vs-Global plot and the PFT-epoch curves.
+`ovalp_flwr.report` adds this section to a preset's report when its runs personalized.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ovalp_flwr.personalize.metrics import METRIC_NAMES
+
+Choices = tuple[tuple[str, str], ...]
+Runs = dict[Choices, list[dict[str, Any]]]  # cell (axis choices) -> the seeds' summaries
+COLUMNS = ("local", "global", "c_std", "worst", "average", "distortion")
+PLOTS = ("distortion_vs_global.png", "pft_epochs.png")
+
+
+def methods_of(runs: Runs) -> list[str]:
+    """The methods in run order, the global model first."""
+    names: dict[str, None] = {}
+    for summaries in runs.values():
+        for summary in summaries:
+            names.update(dict.fromkeys(summary["personalization"]["methods"]))
+    return list(names)
+
+
+def values(summaries: list[dict], method: str, column: str) -> list[float]:
+    """One value per seed, in percent (Δ as it is: an L2 distance in feature units)."""
+    scale = 1.0 if column == "distortion" else 100.0
+    return [s["personalization"]["methods"][method]["summary"][column] * scale
+            for s in summaries if method in s["personalization"]["methods"]]
+
+
+def mean_std(xs: Sequence[float]) -> tuple[float, float | None]:
+    mean = sum(xs) / len(xs)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else None
+    return mean, std
+
+
+def cell_text(xs: Sequence[float], decimals: int) -> str:
+    if not xs:
+        return ""
+    mean, std = mean_std(xs)
+    return f"{mean:.{decimals}f} ± {'—' if std is None else f'{std:.{decimals}f}'}"
+
+
+def label(choices: Choices) -> str:
+    return ", ".join(choice for _, choice in choices) or "all runs"
+
+
+def table(runs: Runs) -> str:
+    """Rows: each cell's methods; columns: the study's metrics (%) and Δ."""
+    header = ["federation", "method", "seeds", *(METRIC_NAMES[c] + ("" if c == "distortion"
+                                                                   else " (%)") for c in COLUMNS)]
+    lines = [header, ["---", "---", "---:", *("---:" for _ in COLUMNS)]]
+    for cell, summaries in runs.items():
+        for method in methods_of({cell: summaries}):
+            lines.append([label(cell), method, str(len(values(summaries, method, "local"))),
+                          *(cell_text(values(summaries, method, c), 2 if c == "distortion" else 1)
+                            for c in COLUMNS)])
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines) + "\n"
+
+
+def table_csv(runs: Runs) -> str:
+    rows = ["federation,method,seeds," + ",".join(f"{c}_mean,{c}_std" for c in COLUMNS)]
+    for cell, summaries in runs.items():
+        for method in methods_of({cell: summaries}):
+            stats = [mean_std(values(summaries, method, c)) for c in COLUMNS]
+            rows.append(",".join([label(cell).replace(",", ";"), method,
+                                  str(len(values(summaries, method, "local"))),
+                                  *(f"{m:.6g},{'' if s is None else f'{s:.6g}'}" for m, s in stats)]))
+    return "\n".join(rows) + "\n"
+
+
+def versus_global(runs: Runs) -> str:
+    """Each method against the global model it started from, in points: what it buys in Local
+    and what it costs in Global (mean over seeds of the per-seed differences)."""
+    lines = ["| federation | method | Local gain (points) | Global change (points) | "
+             "Average change (points) |", "|---|---|---:|---:|---:|"]
+    for cell, summaries in runs.items():
+        for method in methods_of({cell: summaries})[1:]:
+            diffs = {c: [100 * (s["personalization"]["methods"][method]["summary"][c]
+                                - s["personalization"]["methods"]["global"]["summary"][c])
+                         for s in summaries if method in s["personalization"]["methods"]]
+                     for c in ("local", "global", "average")}
+            lines.append(f"| {label(cell)} | {method} | "
+                         + " | ".join(cell_text(diffs[c], 1) for c in ("local", "global", "average"))
+                         + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(plt: Any, fig: Any) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def distortion_plot(runs: Runs) -> bytes:
+    """Global accuracy against feature distortion, one point per method (mean ± std over
+    seeds), one panel per federation: the study's Figure, where less distortion keeps more."""
+    plt = _pyplot()
+    methods = methods_of(runs)
+    cmap = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs) + 1.6, 4.2), sharey=True,
+                             squeeze=False, layout="constrained")
+    for ax, (cell, summaries) in zip(axes.flat, runs.items()):
+        for i, method in enumerate(methods):
+            xs, ys = values(summaries, method, "distortion"), values(summaries, method, "global")
+            if not xs:
+                continue
+            (x, sx), (y, sy) = mean_std(xs), mean_std(ys)
+            ax.errorbar(x, y, xerr=sx or 0, yerr=sy or 0, fmt="o", color=cmap(i % 10),
+                        label=method, capsize=3, markersize=7)
+        ax.set_title(label(cell))
+        ax.set_xlabel("feature distortion Δ (mean L2, global vs personalized)")
+        ax.grid(alpha=0.3)
+    axes.flat[0].set_ylabel("Global accuracy (%)")
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, title="method", loc="outside right center", frameon=False)
+    fig.suptitle("Global accuracy vs feature distortion after personalization")
+    return _png(plt, fig)
+
+
+def epochs_plot(runs: Runs) -> bytes:
+    """Local (solid, every epoch) and Global (dashed, at the curve epochs and the last) against
+    the PFT epoch, from the global model's values at epoch 0: the study's overfitting curve."""
+    plt = _pyplot()
+    methods = [m for m in methods_of(runs)[1:]
+               if all(len(s["personalization"]["methods"][m]["curve"]["local"]) > 1
+                      for ss in runs.values() for s in ss if m in s["personalization"]["methods"])]
+    cmap = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs) + 1.6, 4.2), sharey=True,
+                             squeeze=False, layout="constrained")
+    for ax, (cell, summaries) in zip(axes.flat, runs.items()):
+        for i, method in enumerate(methods):
+            color = cmap((methods_of(runs).index(method)) % 10)
+            local = _mean_curve([[s["personalization"]["methods"]["global"]["summary"]["local"],
+                                  *s["personalization"]["methods"][method]["curve"]["local"]]
+                                 for s in summaries])
+            ax.plot(range(len(local)), local, color=color, label=method)
+            epochs, global_ = _global_curve(summaries, method)
+            ax.plot(epochs, global_, "--o", color=color, markersize=3)
+        ax.set_title(label(cell))
+        ax.set_xlabel("PFT epoch")
+        ax.grid(alpha=0.3)
+    axes.flat[0].set_ylabel("accuracy (%): Local solid, Global dashed")
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, title="method", loc="outside right center", frameon=False)
+    fig.suptitle("Local and Global accuracy during personalization (mean over seeds)")
+    return _png(plt, fig)
+
+
+def _mean_curve(curves: list[list[float]]) -> list[float]:
+    length = min(len(c) for c in curves)
+    return [100 * sum(c[e] for c in curves) / len(curves) for e in range(length)]
+
+
+def _global_curve(summaries: list[dict], method: str) -> tuple[list[int], list[float]]:
+    """Epoch 0 (the global model), the snapshot epochs, and the last epoch (the table's)."""
+    points: dict[int, list[float]] = {}
+    for s in summaries:
+        result = s["personalization"]["methods"][method]
+        last = s["config"]["pft-epochs"]
+        found = {0: s["personalization"]["methods"]["global"]["summary"]["global"],
+                 **{int(e): g for e, g in result["curve"]["global"].items()},
+                 last: result["summary"]["global"]}
+        for epoch, value in found.items():
+            points.setdefault(epoch, []).append(value)
+    epochs = sorted(points)
+    return epochs, [100 * sum(points[e]) / len(points[e]) for e in epochs]
+
+
+def section(runs: Runs) -> tuple[str, dict[str, bytes], str]:
+    """The report's personalization section (Markdown), its plots, and `personalization.csv`."""
+    text = ("## Personalization\n\n" + DEFINITIONS + "\n### Table (mean ± std over seeds)\n\n"
+            + table(runs) + "\n### Against the global model\n\n" + versus_global(runs)
+            + "\n" + "".join(f"![{p}]({p})\n" for p in PLOTS))
+    return text, {PLOTS[0]: distortion_plot(runs), PLOTS[1]: epochs_plot(runs)}, table_csv(runs)
+
+
+DEFINITIONS = """After the last federated round every client fine-tunes the final global model on
+its own training rows (`pft-epochs` epochs), once; `global` is the federated model itself.
+Each client holds a test split drawn from the test set with its own training classes'
+proportions. Local: a client's model on its own split, averaged over clients. Global: a
+client's model on the other clients' splits (mean over them), averaged over clients. C-Std
+and Worst: the standard deviation and the minimum of the Local accuracies. Average: the
+mean of Local and Global. Δ: mean L2 distance between the personalized and the global
+model's features (the adapter's output) over all clients' test rows; 0 where the features
+do not move (LP, own-heads, the global model).
+"""
