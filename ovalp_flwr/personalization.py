@@ -18,7 +18,7 @@ from ovalp_flwr import protocol as p
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.console import say
 from ovalp_flwr.personalize.metrics import CrossScores, per_client, summarize
-from ovalp_flwr.server import by_partition, exchange
+from ovalp_flwr.server import SetupCosts, by_partition, exchange
 
 GLOBAL = "global"  # the federated model itself, scored like a method (nothing fine-tuned)
 
@@ -32,37 +32,39 @@ def personalization_phase(grid: Grid, config: RunConfig, clients: dict[int, dict
     nodes = [node for node in by_partition(clients) if node in live]
     partitions = {node: int(clients[node][p.PARTITION_ID]) for node in nodes}
     common = {p.NORM_DIGEST: digest} if digest else {}
+    costs = SetupCosts()  # what the phase moved: the models out and back, and the scores
     reference = _score(grid, nodes, global_arrays, common,
-                       {str(partitions[n]): global_arrays for n in nodes}, partitions)
+                       {str(partitions[n]): global_arrays for n in nodes}, partitions, costs)
     methods = {GLOBAL: _method_result(reference, None, {}, {})}
     _say(GLOBAL, methods[GLOBAL]["summary"], 0.0)
     for method in config.personalization_methods:
         request = ConfigRecord({**common, p.METHOD: method, p.RUN_NAME: run_name})
         replies = exchange(grid, p.PERSONALIZE, {n: RecordDict({p.ARRAYS: global_arrays,
                                                                 p.CONFIG: request})
-                                                 for n in nodes})
+                                                 for n in nodes}, costs)
         models = {str(partitions[n]): replies[n][p.ARRAYS] for n in nodes}
         for node in nodes:
             for key, record in replies[node].array_records.items():
                 if key.startswith(p.SNAPSHOT_PREFIX):
                     models[f"{partitions[node]}@{key[len(p.SNAPSHOT_PREFIX):]}"] = record
-        scores = _score(grid, nodes, global_arrays, common, models, partitions)
+        scores = _score(grid, nodes, global_arrays, common, models, partitions, costs)
         methods[method] = _method_result(scores, replies, partitions, config.curve_epochs)
         _say(method, methods[method]["summary"],
              max(float(replies[n][p.METRICS][p.TRAIN_SECONDS]) for n in nodes))
     return {"clients": [partitions[n] for n in nodes], "methods": methods,
             "options": {m: config.personalizer_options(m) for m in config.personalization_methods},
             "test_split": "per client: its training classes' proportions, drawn from the test split",
-            "seconds": time.perf_counter() - started}
+            "costs": costs.to_dict(), "seconds": time.perf_counter() - started}
 
 
 def _score(grid: Grid, nodes: list[int], global_arrays: ArrayRecord, common: dict,
-           models: dict[str, ArrayRecord], partitions: dict[int, int]) -> dict[str, CrossScores]:
+           models: dict[str, ArrayRecord], partitions: dict[int, int],
+           costs: SetupCosts) -> dict[str, CrossScores]:
     """Every model scored by every client; one `CrossScores` per suffix ("" for the final
     models, "@<epoch>" for the snapshots)."""
     content = {p.ARRAYS: global_arrays, p.CONFIG: ConfigRecord(common),
                **{p.MODEL_PREFIX + name: record for name, record in models.items()}}
-    replies = exchange(grid, p.SCORE_PERSONALIZED, {n: RecordDict(content) for n in nodes})
+    replies = exchange(grid, p.SCORE_PERSONALIZED, {n: RecordDict(content) for n in nodes}, costs)
     order = [partitions[n] for n in nodes]
     num_test = np.array([int(replies[n][p.METRICS][p.NUM_TEST]) for n in nodes])
     suffixes = sorted({name.partition("@")[1] + name.partition("@")[2] for name in models})

@@ -892,7 +892,7 @@ def personalized_runs(preset: Preset, runs: Sequence[RunResult],
     cells: dict[Choices, list[dict]] = {}
     for run in runs:
         summary = read_summary(results_dir / run.spec.name)
-        if "personalization" in summary:
+        if "methods" in summary.get("personalization", {}):
             cells.setdefault(run.spec.choices, []).append(summary)
     return {cell: cells[cell] for cell in combos(preset) if cell in cells}
 

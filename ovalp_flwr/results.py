@@ -53,7 +53,7 @@ def write_run(results_dir: Path, run_name: str, summary: dict[str, Any]) -> Path
     write_durably(staging / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
     write_durably(staging / "rounds.csv", _rounds_csv(summary["rounds"]))
     write_durably(staging / PLOT_FILE, plot_run(summary, iid_twin(results_dir, summary)))
-    if "personalization" in summary:
+    if "methods" in summary.get("personalization", {}):
         write_durably(staging / PERSONALIZATION_FILE, personalization_csv(summary["personalization"]))
     fsync_dir(staging)
     if final.exists():

@@ -81,16 +81,28 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     summary["head_init"] = start
     run_name = config.run_name or default_run_name(config.to_dict())
     if config.personalization_methods:
-        from ovalp_flwr.personalization import personalization_phase
-
-        summary["personalization"] = personalization_phase(
-            grid, config, clients, result.arrays, stats.digest() if stats else "", run_name)
+        summary["personalization"] = personalize_after(grid, config, clients, result.arrays,
+                                                       stats, run_name)
     summary["total_seconds"] = time.time() - started
     out = write_run(resolve_path(config.results_dir), run_name, summary)
     say(INFO, "final accuracy %.4f after %d rounds (%s start %.4f; %s, %s, %s); results in %s",
         summary["final_accuracy"], config.num_server_rounds, config.head_init,
         summary["initial_accuracy"], config.head, config.schedule, config.partition, out)
     return out
+
+
+def personalize_after(grid: Grid, config: RunConfig, clients: dict[int, dict],
+                      arrays: ArrayRecord, stats: NormStats | None, run_name: str) -> dict:
+    """The personalization phase; if a client fails it, the federated run's results are
+    still written, with the error in place of the phase's."""
+    from ovalp_flwr.personalization import personalization_phase
+
+    try:
+        return personalization_phase(grid, config, clients, arrays,
+                                     stats.digest() if stats else "", run_name)
+    except FederationError as err:
+        say(WARNING, "personalization stopped: %s", err)
+        return {"error": str(err)}
 
 
 @dataclass

@@ -24,6 +24,12 @@ APP = launch.PROJECT
     ("heads='ova'", "run config: unknown key 'heads' (='ova'); did you mean 'head'?"),
     ("head='ovb'", "run config: head='ovb' is not allowed; choose one of: ova, softmax"),
     ("num-server-rounds=-1", "run config: num-server-rounds=-1 is not allowed"),
+    ("personalize='ft lp-tf'", "run config: personalize='lp-tf' is not allowed; choose methods "
+                               "from: ft, lp, lp-ft, proximal, soup, sparse, lss, own-heads"),
+    ("pft.sparse.share=2.0", "run config: pft.sparse.share=2.0 is not allowed; use a value in "
+                             "(0, 1]"),
+    ("pft.sparse.sharing=0.2", "run config: unknown key 'pft.sparse.sharing' (=0.2); did you mean "
+                               "'pft.sparse.share'?"),
 ])
 def test_a_bad_run_config_is_one_line_naming_it(run_config, says):
     with pytest.raises(PreflightError, match="^" + says.replace("(", r"\(").replace(")", r"\)")
@@ -65,6 +71,8 @@ def test_missing_data_reads_relative_dirs_from_the_apps_folder(tmp_path):
 MISTAKES = {
     "unknown key": ("heads='ova'", "run config: unknown key 'heads' (='ova'); did you mean 'head'?"),
     "bad value": ("head='ovb'", "run config: head='ovb' is not allowed; choose one of: ova, softmax"),
+    "bad method": ("personalize='lp-tf'", "run config: personalize='lp-tf' is not allowed; choose "
+                   "methods from: ft, lp, lp-ft, proximal, soup, sparse, lss, own-heads"),
     "missing data": ("dataset='mnist' data-dir='{tmp}' feature-cache-dir='{tmp}'",
                      "dataset 'mnist': {tmp}/mnist.npz not found; set the run config key data-dir "
                      "(or the env var OVALP_DATA_DIR) to the folder that holds it"),

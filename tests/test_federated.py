@@ -66,7 +66,7 @@ def test_a_process_that_serves_run_after_run_keeps_only_the_latest_runs_rows(cac
     run(cache_dir, tmp_path, seed=3, **{"num-server-rounds": 1})
     run(cache_dir, tmp_path, seed=4, **{"num-server-rounds": 1})
     (only_run,) = client._ON_DEVICE.values()
-    assert sorted(only_run) == list(range(20))
+    assert sorted(only_run) == [("train", i) for i in range(20)]
     assert sum(len(labels) for _, labels in only_run.values()) == 1437  # one training split
 
 

@@ -121,3 +121,19 @@ def test_a_node_with_a_model_dir_keeps_its_personalized_models(cache_dir, tmp_pa
     path.write_bytes(bytes(blob))
     with pytest.raises(ValueError, match="sha256 mismatch"):
         read_model(path)
+
+
+def test_a_client_failing_the_phase_leaves_the_federated_results_and_says_why(cache_dir, tmp_path,
+                                                                              monkeypatch):
+    from ovalp_flwr import client
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(client, "save_personalized", broken)
+    summary = read_summary(run_local({
+        "encoder": "pixels", "feature-cache-dir": str(cache_dir), "results-dir": str(tmp_path),
+        "run-name": "failed", "num-server-rounds": 1, "pft-epochs": 1, "personalize": "ft"}, 3))
+    assert summary["final_accuracy"] > 0.5 and len(summary["rounds"]) == 1
+    assert "disk full" in summary["personalization"]["error"]
+    assert not (tmp_path / "failed" / "personalization.csv").exists()

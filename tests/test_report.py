@@ -9,7 +9,7 @@ import pytest
 
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.report import main
-from ovalp_flwr.results import write_run
+from ovalp_flwr.results import read_summary, write_run
 from ovalp_flwr.sweep import load_preset, sweep
 
 logging.getLogger("flwr").setLevel(logging.WARNING)
@@ -361,3 +361,47 @@ def test_report_of_real_local_runs(tmp_path):
     assert "4 of 4 runs found" in (out / "report.md").read_text()
     assert all((out / n).stat().st_size > 10_000 for n in ("curves.png", "relative.png",
                                                             "r_final.png"))
+
+
+PERSONALIZATION = """\
+[preset]
+description = "tiny personalization"
+num-supernodes = 4
+seeds = [0, 1]
+[config]
+dataset = "digits"
+encoder = "pixels"
+feature-cache-dir = "{cache}"
+num-server-rounds = 2
+partition = "bernoulli-dirichlet"
+dirichlet-p = 1.0
+dirichlet-alpha = 0.1
+adapter-dim = 8
+head-init = "random"
+personalize = "ft lp soup"
+personalize-curve = "1"
+pft-epochs = 2
+pft.soup.candidates = 2
+[axes.federation]
+ova-lp = {{ head = "ova" }}
+"""
+
+
+def test_report_of_personalized_runs_has_the_table_and_its_plots(tmp_path):
+    preset = write_preset(tmp_path, PERSONALIZATION.format(cache=tmp_path / "cache"), "tiny-pft")
+    assert sweep(preset, preset.runs(), tmp_path / "results", "local") == []
+    out = report(tmp_path, preset)
+    text = (out / "report.md").read_text()
+    assert "## Personalization" in text and "## Plots" in text
+    table = text.split("### Table (mean ± std over seeds)")[1].split("###")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ova-lp |")]
+    assert [row.split(" | ")[1] for row in rows] == ["global", "ft", "lp", "soup"]
+    assert all(row.split(" | ")[2] == "2" for row in rows)  # both seeds
+    summaries = [read_summary(tmp_path / "results" / "tiny-pft" / f"ova-lp-seed{seed}")
+                 for seed in (0, 1)]
+    ft_local = [s["personalization"]["methods"]["ft"]["summary"]["local"] * 100 for s in summaries]
+    mean = sum(ft_local) / 2
+    assert f"| ova-lp | ft | 2 | {mean:.1f} ± " in table
+    assert all((out / n).stat().st_size > 10_000 for n in ("distortion_vs_global.png",
+                                                            "pft_epochs.png"))
+    assert len((out / "personalization.csv").read_text().splitlines()) == 1 + 4  # header, methods

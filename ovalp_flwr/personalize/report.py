@@ -115,9 +115,8 @@ def distortion_plot(runs: Runs) -> bytes:
     plt = _pyplot()
     methods = methods_of(runs)
     cmap = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs) + 1.6, 4.2), sharey=True,
-                             squeeze=False, layout="constrained")
-    for ax, (cell, summaries) in zip(axes.flat, runs.items()):
+    fig, axes = _panels(plt, len(runs))
+    for ax, (cell, summaries) in zip(axes, runs.items()):
         for i, method in enumerate(methods):
             xs, ys = values(summaries, method, "distortion"), values(summaries, method, "global")
             if not xs:
@@ -127,12 +126,8 @@ def distortion_plot(runs: Runs) -> bytes:
                         label=method, capsize=3, markersize=7)
         ax.set_title(label(cell))
         ax.set_xlabel("feature distortion Δ (mean L2, global vs personalized)")
-        ax.grid(alpha=0.3)
-    axes.flat[0].set_ylabel("Global accuracy (%)")
-    handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, title="method", loc="outside right center", frameon=False)
-    fig.suptitle("Global accuracy vs feature distortion after personalization")
-    return _png(plt, fig)
+    return _finish(plt, fig, axes, "Global accuracy (%)",
+                   "Global accuracy vs feature distortion after personalization")
 
 
 def epochs_plot(runs: Runs) -> bytes:
@@ -143,10 +138,9 @@ def epochs_plot(runs: Runs) -> bytes:
                if all(len(s["personalization"]["methods"][m]["curve"]["local"]) > 1
                       for ss in runs.values() for s in ss if m in s["personalization"]["methods"])]
     cmap = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs) + 1.6, 4.2), sharey=True,
-                             squeeze=False, layout="constrained")
-    for ax, (cell, summaries) in zip(axes.flat, runs.items()):
-        for i, method in enumerate(methods):
+    fig, axes = _panels(plt, len(runs))
+    for ax, (cell, summaries) in zip(axes, runs.items()):
+        for method in methods:
             color = cmap((methods_of(runs).index(method)) % 10)
             local = _mean_curve([[s["personalization"]["methods"]["global"]["summary"]["local"],
                                   *s["personalization"]["methods"][method]["curve"]["local"]]
@@ -156,11 +150,25 @@ def epochs_plot(runs: Runs) -> bytes:
             ax.plot(epochs, global_, "--o", color=color, markersize=3)
         ax.set_title(label(cell))
         ax.set_xlabel("PFT epoch")
+    return _finish(plt, fig, axes, "accuracy (%): Local solid, Global dashed",
+                   "Local and Global accuracy during personalization (mean over seeds)")
+
+
+def _panels(plt: Any, n: int) -> tuple[Any, list[Any]]:
+    """One panel per federation, side by side, sharing y."""
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n + 1.6, 4.2), sharey=True, squeeze=False,
+                             layout="constrained")
+    return fig, list(axes.flat)
+
+
+def _finish(plt: Any, fig: Any, axes: list[Any], ylabel: str, heading: str) -> bytes:
+    """Grids, the y label, one legend right of the panels, the title; the PNG."""
+    for ax in axes:
         ax.grid(alpha=0.3)
-    axes.flat[0].set_ylabel("accuracy (%): Local solid, Global dashed")
-    handles, names = axes.flat[0].get_legend_handles_labels()
+    axes[0].set_ylabel(ylabel)
+    handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, title="method", loc="outside right center", frameon=False)
-    fig.suptitle("Local and Global accuracy during personalization (mean over seeds)")
+    fig.suptitle(heading)
     return _png(plt, fig)
 
 
