@@ -9,13 +9,18 @@ from dataclasses import dataclass
 import torch
 
 from ovalp_flwr.model import FeatureModel, clone
-from ovalp_flwr.personalize.base import FineTuning, LocalData, Personalizer, Task, fit
+from ovalp_flwr.personalize.base import (FineTuning, LocalData, Personalizer, Task, fit,
+                                         squared_distance)
 
 
 @dataclass(frozen=True)
 class OwnHeadsHyperparameters(FineTuning):
+    mu: float = 0.0  # weight of ‖V − V_G‖² over the moving rows: how far they may go
+
     def check(self) -> dict[str, str]:
         bad = super().check()
+        if self.mu < 0:
+            bad["mu"] = "use a value >= 0"
         if self.weight_decay > 0:  # decay moves every entry, masked or not
             bad["weight-decay"] = ("own-heads keeps the other classes' heads fixed; "
                                    "use weight-decay = 0")
@@ -32,4 +37,7 @@ class OwnHeads(Personalizer):
         present = torch.zeros_like(bias)
         present[data.labels.unique()] = 1.0
         mask = {weight: present[:, None].expand_as(weight), bias: present}
-        return fit(model, [weight, bias], data, self.hp, task, gradient_mask=mask)
+        anchor = clone(global_model)
+        extra = (lambda m: self.hp.mu * squared_distance(m, anchor)) if self.hp.mu else None
+        return fit(model, [weight, bias], data, self.hp, task, gradient_mask=mask,
+                   extra_loss=extra)

@@ -155,17 +155,22 @@ def epochs_plot(runs: Runs) -> bytes:
 
 
 def _panels(plt: Any, n: int) -> tuple[Any, list[Any]]:
-    """One panel per federation, side by side, sharing y."""
-    fig, axes = plt.subplots(1, n, figsize=(5.2 * n + 1.6, 4.2), sharey=True, squeeze=False,
-                             layout="constrained")
-    return fig, list(axes.flat)
+    """One panel per cell (federation, partition), three to a row, sharing y."""
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols + 1.6, 4.0 * rows + 0.4),
+                             sharey=True, squeeze=False, layout="constrained")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)[:n]
 
 
 def _finish(plt: Any, fig: Any, axes: list[Any], ylabel: str, heading: str) -> bytes:
     """Grids, the y label, one legend right of the panels, the title; the PNG."""
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(ylabel)
+        if ax.get_subplotspec().is_first_col():
+            ax.set_ylabel(ylabel)
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, title="method", loc="outside right center", frameon=False)
     fig.suptitle(heading)
