@@ -50,11 +50,13 @@ RUN_KEYS_SET_BY_SWEEP = {"seed", "run-name", "results-dir"}
 
 # What a summary without these keys ran: the quantity-skew variants came with the first seven,
 # and until then every run took the paper's local recipe; until `head-init` every run started
-# from torch's random init (the defaults have moved since).
+# from torch's random init; own-heads moved its rows freely until its `mu` (the defaults have
+# moved since).
 BEFORE_THE_KEY: dict[str, Any] = {"local-optimizer": "adamw", "local-steps": 0,
                                   "aggregation-weights": "samples", "drift-correction": "none",
                                   "server-optimizer": "fedavg", "server-learning-rate": 0.1,
-                                  "epoch-size": "own-data", "head-init": "random"}
+                                  "epoch-size": "own-data", "head-init": "random",
+                                  "pft.own-heads.mu": 0.0}
 
 
 class PresetError(ValueError):
