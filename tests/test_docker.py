@@ -45,14 +45,17 @@ def test_supernodes_partition_ids_volumes_and_clientapps_are_consistent():
         command = nodes[f"supernode-{i}"]["command"]
         config = dict(kv.split("=", 1) for kv in shlex.split(command[command.index("--node-config") + 1]))
         assert config == {"partition-id": str(i), "num-partitions": str(len(nodes)),
-                          "data-dir": "/data", "feature-cache-dir": "/cache"}
+                          "data-dir": "/data", "feature-cache-dir": "/cache",
+                          "model-dir": "/models"}
         assert command[command.index("--superlink") + 1] == "superlink:8000"
         runtime = services[f"clientapp-{i}"]
         port = command[command.index("--port") + 1]
         assert runtime["command"][runtime["command"].index("--runtime-api-address") + 1] == \
             f"supernode-{i}:{port}"
-        # the ClientApp runs in the runtime container: it must see the node's data and cache
-        assert sorted(runtime["volumes"]) == [f"node{i}-cache:/cache", f"node{i}-data:/data"]
+        # the ClientApp runs in the runtime container: it must see the node's data and cache,
+        # and keep its personalized models
+        assert sorted(runtime["volumes"]) == [f"node{i}-cache:/cache", f"node{i}-data:/data",
+                                              f"node{i}-models:/models"]
     declared = set(compose()["volumes"])
     used = {v.split(":")[0] for s in services.values() for v in s.get("volumes", [])}
     assert used <= declared
