@@ -378,10 +378,11 @@ dirichlet-p = 1.0
 dirichlet-alpha = 0.1
 adapter-dim = 8
 head-init = "random"
-personalize = "ft lp soup"
+personalize = "ft lp lp-ft soup"
 personalize-curve = "1"
 pft-epochs = 2
 pft.soup.candidates = 2
+pft.lp-ft.lp-epochs = 1
 [axes.federation]
 ova-lp = {{ head = "ova" }}
 """
@@ -395,13 +396,17 @@ def test_report_of_personalized_runs_has_the_table_and_its_plots(tmp_path):
     assert "## Personalization" in text and "## Plots" in text
     table = text.split("### Table (mean ± std over seeds)")[1].split("###")[0]
     rows = [line for line in table.splitlines() if line.startswith("| ova-lp |")]
-    assert [row.split(" | ")[1] for row in rows] == ["global", "ft", "lp", "soup"]
+    assert [row.split(" | ")[1] for row in rows] == ["global", "ft", "lp", "lp-ft", "soup"]
     assert all(row.split(" | ")[2] == "2" for row in rows)  # both seeds
     summaries = [read_summary(tmp_path / "results" / "tiny-pft" / f"ova-lp-seed{seed}")
                  for seed in (0, 1)]
     ft_local = [s["personalization"]["methods"]["ft"]["summary"]["local"] * 100 for s in summaries]
     mean = sum(ft_local) / 2
     assert f"| ova-lp | ft | 2 | {mean:.1f} ± " in table
+    methods = [s["personalization"]["methods"] for s in summaries]
+    gaps = [100 * (m["lp-ft"]["summary"]["global"] - m["ft"]["summary"]["global"]) for m in methods]
+    paired = text.split("### LP-FT against FT (paired by seed)")[1]
+    assert f"| ova-lp | 2 | {sum(gaps) / 2:.1f} ± {abs(gaps[0] - gaps[1]) / 2 ** 0.5:.1f} |" in paired
     assert all((out / n).stat().st_size > 10_000 for n in ("distortion_vs_global.png",
                                                             "pft_epochs.png"))
-    assert len((out / "personalization.csv").read_text().splitlines()) == 1 + 4  # header, methods
+    assert len((out / "personalization.csv").read_text().splitlines()) == 1 + 5  # header, methods

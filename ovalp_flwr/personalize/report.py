@@ -91,6 +91,24 @@ def versus_global(runs: Runs) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paired(runs: Runs, method: str, baseline: str) -> str:
+    """`method` − `baseline` per seed (same federation, same seed), on Global, Average and
+    Local: the study's question of LP-FT against FT."""
+    lines = [f"| federation | seeds | Global (points) | Average (points) | Local (points) |",
+             "|---|---:|---:|---:|---:|"]
+    for cell, summaries in runs.items():
+        both = [s["personalization"]["methods"] for s in summaries
+                if {method, baseline} <= s["personalization"]["methods"].keys()]
+        if not both:
+            continue
+        diffs = {c: [100 * (m[method]["summary"][c] - m[baseline]["summary"][c]) for m in both]
+                 for c in ("global", "average", "local")}
+        lines.append(f"| {label(cell)} | {len(both)} | "
+                     + " | ".join(cell_text(diffs[c], 1) for c in ("global", "average", "local"))
+                     + " |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
 def _pyplot() -> Any:
     import matplotlib
 
@@ -201,8 +219,13 @@ def section(runs: Runs) -> tuple[str, dict[str, bytes], str]:
     """The report's personalization section (Markdown), its plots, and `personalization.csv`."""
     text = ("## Personalization\n\n" + DEFINITIONS + "\n### Table (mean ± std over seeds)\n\n"
             + table(runs) + "\n### Against the global model\n\n" + versus_global(runs)
+            + _section("LP-FT against FT (paired by seed)", paired(runs, "lp-ft", "ft"))
             + "\n" + "".join(f"![{p}]({p})\n" for p in PLOTS))
     return text, {PLOTS[0]: distortion_plot(runs), PLOTS[1]: epochs_plot(runs)}, table_csv(runs)
+
+
+def _section(heading: str, body: str) -> str:
+    return f"\n### {heading}\n\n{body}" if body else ""
 
 
 DEFINITIONS = """After the last federated round every client fine-tunes the final global model on
