@@ -9,20 +9,18 @@ from dataclasses import dataclass
 import torch
 
 from ovalp_flwr.model import FeatureModel, clone
-from ovalp_flwr.personalize.base import (FineTuning, LocalData, Personalizer, Task, fit,
-                                         squared_distance)
+from ovalp_flwr.personalize.base import LocalData, Personalizer, Task, fit, squared_distance
+from ovalp_flwr.personalize.proximal import ProximalHyperparameters
 
 
 @dataclass(frozen=True)
-class OwnHeadsHyperparameters(FineTuning):
+class OwnHeadsHyperparameters(ProximalHyperparameters):
     # weight of ‖V − V_G‖² over the moving rows: how far they may go. 1.0 keeps Global within
     # a few points of the global model's (README, "Personalization"); 0: the rows move freely
     mu: float = 1.0
 
     def check(self) -> dict[str, str]:
         bad = super().check()
-        if self.mu < 0:
-            bad["mu"] = "use a value >= 0"
         if self.weight_decay > 0:  # decay moves every entry, masked or not
             bad["weight-decay"] = ("own-heads keeps the other classes' heads fixed; "
                                    "use weight-decay = 0")
