@@ -71,19 +71,3 @@ def accuracy(head: nn.Linear, features: torch.Tensor, labels: torch.Tensor) -> f
         return float("nan")
     predictions = head(features).argmax(dim=1)
     return float((predictions == labels).float().mean())
-
-
-def head_to_numpy(head: nn.Linear) -> dict[str, np.ndarray]:
-    """Weights in the layout the federated records carry."""
-    return {key: value.detach().cpu().numpy() for key, value in head.state_dict().items()}
-
-
-def head_from_numpy(arrays: dict[str, np.ndarray], device: torch.device) -> nn.Linear:
-    """Rebuild a head from record arrays (shape taken from the weight)."""
-    missing = [key for key in HEAD_KEYS if key not in arrays]
-    if missing:
-        raise ValueError(f"head arrays lack {missing}; got keys {sorted(arrays)}")
-    num_classes, num_features = arrays["weight"].shape
-    head = nn.Linear(num_features, num_classes, device=device)
-    head.load_state_dict({key: torch.as_tensor(arrays[key]) for key in HEAD_KEYS})
-    return head

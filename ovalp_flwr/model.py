@@ -15,6 +15,8 @@ adapter adds `adapter.weight` / `adapter.bias`.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -101,6 +103,4 @@ def model_from_numpy(arrays: dict[str, np.ndarray], device: torch.device,
 
 def clone(model: FeatureModel) -> FeatureModel:
     """An independent copy (its own parameters), on the same device."""
-    import copy
-
     return copy.deepcopy(model)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from logging import INFO
 
 import numpy as np
@@ -33,8 +34,9 @@ def personalization_phase(grid: Grid, config: RunConfig, clients: dict[int, dict
     partitions = {node: int(clients[node][p.PARTITION_ID]) for node in nodes}
     common = {p.NORM_DIGEST: digest} if digest else {}
     costs = SetupCosts()  # what the phase moved: the models out and back, and the scores
-    reference = _score(grid, nodes, global_arrays, common,
-                       {str(partitions[n]): global_arrays for n in nodes}, partitions, costs)
+    # the reference: every client's "model" is the global one, sent and scored once
+    reference = _score(grid, nodes, global_arrays, common, {GLOBAL: global_arrays}, partitions,
+                       costs, model_of=lambda _partition, _suffix: GLOBAL)
     methods = {GLOBAL: _method_result(reference, None, {}, {})}
     _say(GLOBAL, methods[GLOBAL]["summary"], 0.0)
     for method in config.personalization_methods:
@@ -58,22 +60,25 @@ def personalization_phase(grid: Grid, config: RunConfig, clients: dict[int, dict
 
 
 def _score(grid: Grid, nodes: list[int], global_arrays: ArrayRecord, common: dict,
-           models: dict[str, ArrayRecord], partitions: dict[int, int],
-           costs: SetupCosts) -> dict[str, CrossScores]:
+           models: dict[str, ArrayRecord], partitions: dict[int, int], costs: SetupCosts,
+           model_of: Callable[[int, str], str] = lambda partition, suffix: f"{partition}{suffix}"
+           ) -> dict[str, CrossScores]:
     """Every model scored by every client; one `CrossScores` per suffix ("" for the final
-    models, "@<epoch>" for the snapshots)."""
+    models, "@<epoch>" for the snapshots). `model_of(partition, suffix)` names the model that
+    is that client's: by default its own, `<partition>` or `<partition>@<epoch>`."""
     content = {p.ARRAYS: global_arrays, p.CONFIG: ConfigRecord(common),
                **{p.MODEL_PREFIX + name: record for name, record in models.items()}}
     replies = exchange(grid, p.SCORE_PERSONALIZED, {n: RecordDict(content) for n in nodes}, costs)
     order = [partitions[n] for n in nodes]
     num_test = np.array([int(replies[n][p.METRICS][p.NUM_TEST]) for n in nodes])
-    suffixes = sorted({name.partition("@")[1] + name.partition("@")[2] for name in models})
+    suffixes = sorted({"@" + name.split("@")[1] if "@" in name else "" for name in models})
     out = {}
     for suffix in suffixes:
-        correct = np.array([[float(replies[n][p.METRICS][f"{p.CORRECT_PREFIX}{i}{suffix}"])
-                             for n in nodes] for i in order])
-        distance = np.array([[float(replies[n][p.METRICS][f"{p.DISTANCE_PREFIX}{i}{suffix}"])
+        def scored(prefix: str) -> np.ndarray:
+            return np.array([[float(replies[n][p.METRICS][prefix + model_of(i, suffix)])
                               for n in nodes] for i in order])
+
+        correct, distance = scored(p.CORRECT_PREFIX), scored(p.DISTANCE_PREFIX)
         out[suffix] = CrossScores(order, correct, distance, num_test)
     return out
 

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from ovalp_flwr.model import model_from_numpy, model_to_numpy
 from ovalp_flwr.heads import (
-    build_head, head_from_numpy, head_to_numpy, loss_for, ova_bce_loss, ova_positive_loss,
+    build_head, loss_for, ova_bce_loss, ova_positive_loss,
     softmax_loss,
 )
 
@@ -70,8 +71,8 @@ def test_loss_for_dispatches_by_head_and_stage():
 
 
 def test_head_roundtrip_and_seeded_init():
-    arrays = head_to_numpy(build_head(D, K, seed=7))
-    assert np.array_equal(arrays["weight"], head_to_numpy(build_head(D, K, seed=7))["weight"])
-    assert not np.array_equal(arrays["weight"], head_to_numpy(build_head(D, K, seed=8))["weight"])
-    rebuilt = head_to_numpy(head_from_numpy(arrays, torch.device("cpu")))
+    arrays = model_to_numpy(build_head(D, K, seed=7))
+    assert np.array_equal(arrays["weight"], model_to_numpy(build_head(D, K, seed=7))["weight"])
+    assert not np.array_equal(arrays["weight"], model_to_numpy(build_head(D, K, seed=8))["weight"])
+    rebuilt = model_to_numpy(model_from_numpy(arrays, torch.device("cpu")))
     assert all(np.array_equal(arrays[k], rebuilt[k]) for k in arrays)

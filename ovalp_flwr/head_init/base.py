@@ -42,9 +42,10 @@ class RandomInit(HeadInit):
     name = "random"
 
     def linear_head(self, stats, num_features, num_classes, seed) -> Head:
-        from ovalp_flwr.heads import build_head, head_to_numpy
+        from ovalp_flwr.heads import build_head
+        from ovalp_flwr.model import model_to_numpy
 
-        arrays = head_to_numpy(build_head(num_features, num_classes, seed))
+        arrays = model_to_numpy(build_head(num_features, num_classes, seed))
         return arrays["weight"], arrays["bias"]
 
 

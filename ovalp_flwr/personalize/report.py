@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ovalp_flwr.personalize.metrics import METRIC_NAMES
+from ovalp_flwr.report import _png, _pyplot, stat
 
 Choices = tuple[tuple[str, str], ...]
 Runs = dict[Choices, list[dict[str, Any]]]  # cell (axis choices) -> the seeds' summaries
@@ -33,17 +34,9 @@ def values(summaries: list[dict], method: str, column: str) -> list[float]:
             for s in summaries if method in s["personalization"]["methods"]]
 
 
-def mean_std(xs: Sequence[float]) -> tuple[float, float | None]:
-    mean = sum(xs) / len(xs)
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else None
-    return mean, std
-
-
 def cell_text(xs: Sequence[float], decimals: int) -> str:
-    if not xs:
-        return ""
-    mean, std = mean_std(xs)
-    return f"{mean:.{decimals}f} ± {'—' if std is None else f'{std:.{decimals}f}'}"
+    """`mean ± std` over the seeds (the report's `Stat`)."""
+    return stat(xs).text(lambda x: f"{x:.{decimals}f}")
 
 
 def label(choices: Choices) -> str:
@@ -67,10 +60,11 @@ def table_csv(runs: Runs) -> str:
     rows = ["federation,method,seeds," + ",".join(f"{c}_mean,{c}_std" for c in COLUMNS)]
     for cell, summaries in runs.items():
         for method in methods_of({cell: summaries}):
-            stats = [mean_std(values(summaries, method, c)) for c in COLUMNS]
+            stats = [stat(values(summaries, method, c)) for c in COLUMNS]
             rows.append(",".join([label(cell).replace(",", ";"), method,
                                   str(len(values(summaries, method, "local"))),
-                                  *(f"{m:.6g},{'' if s is None else f'{s:.6g}'}" for m, s in stats)]))
+                                  *(f"{x.mean:.6g},{'' if x.std is None else f'{x.std:.6g}'}"
+                                    for x in stats)]))
     return "\n".join(rows) + "\n"
 
 
@@ -109,24 +103,6 @@ def paired(runs: Runs, method: str, baseline: str) -> str:
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(plt: Any, fig: Any) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    return buffer.getvalue()
-
-
 def distortion_plot(runs: Runs) -> bytes:
     """Global accuracy against feature distortion, one point per method (mean ± std over
     seeds), one panel per federation: the study's Figure, where less distortion keeps more."""
@@ -139,8 +115,8 @@ def distortion_plot(runs: Runs) -> bytes:
             xs, ys = values(summaries, method, "distortion"), values(summaries, method, "global")
             if not xs:
                 continue
-            (x, sx), (y, sy) = mean_std(xs), mean_std(ys)
-            ax.errorbar(x, y, xerr=sx or 0, yerr=sy or 0, fmt="o", color=cmap(i % 10),
+            x, y = stat(xs), stat(ys)
+            ax.errorbar(x.mean, y.mean, xerr=x.std or 0, yerr=y.std or 0, fmt="o", color=cmap(i % 10),
                         label=method, capsize=3, markersize=7)
         ax.set_title(label(cell))
         ax.set_xlabel("feature distortion Δ (mean L2, global vs personalized)")
