@@ -66,6 +66,12 @@ class CacheError(RuntimeError):
 class FeatureSet:
     x: np.ndarray  # float32 [N, D]
     y: np.ndarray  # int64 [N]
+    domains: np.ndarray | None = None  # int64 [N] into the manifest's domain_names; None: one
+
+    @property
+    def domain(self) -> np.ndarray:
+        """int64 [N]: every row's domain (all 0 for a one-domain dataset)."""
+        return np.zeros(len(self.y), np.int64) if self.domains is None else self.domains
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,11 @@ class CachedFeatures:
 
     def feature_space(self) -> str:
         return feature_space(self.manifest)
+
+    @property
+    def domain_names(self) -> tuple[str, ...]:
+        """The domains' names; a dataset without declared domains is one, named after itself."""
+        return tuple(self.manifest.get("domain_names") or [self.manifest["dataset"]])
 
 
 def feature_space(manifest: dict[str, Any]) -> str:
@@ -222,7 +233,23 @@ def _read_split(path: Path, manifest: dict[str, Any], split: str) -> FeatureSet:
     _expect(path, f"{key}.labels.dtype", "int64", str(y.dtype))
     if len(y) and not 0 <= y.min() <= y.max() < manifest["num_classes"]:
         raise CacheError(f"feature cache {path}: {key} labels outside [0, num_classes)")
-    return FeatureSet(x=x, y=y)
+    return FeatureSet(x=x, y=y, domains=_read_domains(path, manifest, key, tensors))
+
+
+def _read_domains(path: Path, manifest: dict[str, Any], key: str,
+                  tensors: dict[str, np.ndarray]) -> np.ndarray | None:
+    """A multi-domain cache's per-row domains, checked against its `domain_names`."""
+    names, domains = manifest.get("domain_names"), tensors.get("domains")
+    if names is None and domains is None:
+        return None
+    if names is None or domains is None:
+        raise CacheError(f"feature cache {path}: {key} has domains but no domain_names, or the "
+                         f"reverse; {_remedy(path)}")
+    _expect(path, f"{key}.domains.shape", list(tensors["labels"].shape), list(domains.shape))
+    _expect(path, f"{key}.domains.dtype", "int64", str(domains.dtype))
+    if len(domains) and not 0 <= domains.min() <= domains.max() < len(names):
+        raise CacheError(f"feature cache {path}: {key} domains outside [0, {len(names)})")
+    return domains
 
 
 # --- building -------------------------------------------------------------------------------
@@ -300,7 +327,8 @@ def _build(
     *,
     replace: bool,
 ) -> CachedFeatures:
-    from ovalp_flwr.datasets import dataset_modality, load_dataset
+    from ovalp_flwr.datasets import dataset_modality
+    from ovalp_flwr.domain_datasets import relabelling
 
     _identity(encoder, opts)  # unknown names and bad options fail before any data is read
     if dataset_modality(dataset) != encoder_modality(encoder):  # ... and so does a mismatch
@@ -308,6 +336,25 @@ def _build(
             f"encoder {encoder!r} reads {encoder_modality(encoder)}; "
             f"dataset {dataset!r} is {dataset_modality(dataset)}"
         )
+    if relabelling(dataset) is not None:
+        splits, manifest = _relabelled(dataset, encoder, cache_dir, limit_per_class, opts,
+                                       settings)
+    else:
+        splits, manifest = _encoded(dataset, encoder, limit_per_class, opts, settings)
+    target = cache_path(cache_dir, dataset, encoder, limit_per_class, **dataclasses.asdict(opts))
+    installed = _write_and_install(target, manifest, splits, replace)
+    kept = "" if installed else " (kept the equal cache another builder installed first)"
+    logger.info(f"{build_summary(manifest, target)}{kept}")
+    # Our own arrays even if another build landed first: same identity, and re-reading the
+    # folder could race with a concurrent replacing build.
+    return CachedFeatures(splits["train"], splits["test"], manifest["num_classes"], manifest)
+
+
+def _encoded(dataset: str, encoder: str, limit_per_class: int | None, opts: EncoderOptions,
+             settings: BuildSettings) -> tuple[dict[str, FeatureSet], dict[str, Any]]:
+    """Load the dataset and encode both splits: the features and the manifest to be."""
+    from ovalp_flwr.datasets import load_dataset
+
     clock = time.perf_counter()
     data = load_dataset(dataset, data_dir=settings.data_dir, limit_per_class=limit_per_class)
     load_seconds = time.perf_counter() - clock
@@ -323,43 +370,78 @@ def _build(
                 enc, _inputs(data, split), progress=settings.progress, desc=f"{encoder} {split}"
             ),
             y=np.asarray(getattr(data, split).labels, dtype=np.int64),
+            domains=data.split_domains(split) if data.domain_names else None,
         )
         for split in SPLITS
     }
     encode_seconds = time.perf_counter() - clock
     count = sum(len(s.y) for s in splits.values())
+    manifest = _manifest(dataset, encoder, limit_per_class, opts, enc.identity(), data.modality,
+                         data.class_names, data.domain_names)
+    manifest["build"] = {
+        "device": str(enc.device),
+        "batch_size": settings.batch_size,
+        "data_dir": None if settings.data_dir is None else str(settings.data_dir),
+        "inputs": count,
+        "unit": "texts" if data.modality == "text" else "images",
+        "load_seconds": round(load_seconds, 3),
+        "model_seconds": round(model_seconds, 3),
+        "encode_seconds": round(encode_seconds, 3),
+        "inputs_per_s": round(count / max(encode_seconds, 1e-9), 1),
+    }
+    return splits, manifest
+
+
+def _relabelled(dataset: str, encoder: str, cache_dir: Path, limit_per_class: int | None,
+                opts: EncoderOptions, settings: BuildSettings
+                ) -> tuple[dict[str, FeatureSet], dict[str, Any]]:
+    """A concept shift's cache from its base's (built first if absent): the same features,
+    each concept's labels. Nothing is encoded twice; the manifest names the base's files."""
+    from ovalp_flwr.domain_datasets import relabelling
+
+    spec = relabelling(dataset)
+    base = load_or_build(spec.base, encoder, cache_dir, limit_per_class=limit_per_class,
+                         data_dir=settings.data_dir, device=settings.device,
+                         batch_size=settings.batch_size, progress=settings.progress,
+                         **dataclasses.asdict(opts))
+    splits = {}
+    for split in SPLITS:
+        labels, concept = spec.apply(getattr(base, split).y, base.num_classes, split)
+        splits[split] = FeatureSet(getattr(base, split).x, labels, concept)
+    names = base.manifest["class_names"]
+    manifest = _manifest(dataset, encoder, limit_per_class, opts,
+                         base.manifest["encoder_identity"], base.manifest["modality"], names,
+                         spec.domain_names(names))
+    manifest["derived_from"] = {"dataset": spec.base, **{
+        f"{split}_sha256": base.manifest["splits"][split]["sha256"] for split in SPLITS}}
+    count = sum(len(s.y) for s in splits.values())
+    manifest["build"] = {**base.manifest["build"], "inputs": count, "encode_seconds": 0.0,
+                         "load_seconds": 0.0, "model_seconds": 0.0,
+                         "note": f"features of {spec.base}'s cache, relabelled"}
+    return splits, manifest
+
+
+def _manifest(dataset: str, encoder: str, limit_per_class: int | None, opts: EncoderOptions,
+              identity: dict[str, Any], modality: str, class_names: Sequence[str],
+              domain_names: Sequence[str]) -> dict[str, Any]:
+    """What the features are; `splits` is filled as the files are written."""
     manifest: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "dataset": dataset,
         "encoder": encoder,
         "limit_per_class": limit_per_class,
-        "modality": data.modality,
+        "modality": modality,
         "encoder_options": dataclasses.asdict(opts),
-        "encoder_identity": enc.identity(),
+        "encoder_identity": identity,
         "dtype": "float32",
-        "num_classes": len(data.class_names),
-        "class_names": list(data.class_names),
-        "splits": {},  # filled as the files are written
+        "num_classes": len(class_names),
+        "class_names": list(class_names),
+        "splits": {},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "build": {
-            "device": str(enc.device),
-            "batch_size": settings.batch_size,
-            "data_dir": None if settings.data_dir is None else str(settings.data_dir),
-            "inputs": count,
-            "unit": "texts" if data.modality == "text" else "images",
-            "load_seconds": round(load_seconds, 3),
-            "model_seconds": round(model_seconds, 3),
-            "encode_seconds": round(encode_seconds, 3),
-            "inputs_per_s": round(count / max(encode_seconds, 1e-9), 1),
-        },
     }
-    target = cache_path(cache_dir, dataset, encoder, limit_per_class, **dataclasses.asdict(opts))
-    installed = _write_and_install(target, manifest, splits, replace)
-    kept = "" if installed else " (kept the equal cache another builder installed first)"
-    logger.info(f"{build_summary(manifest, target)}{kept}")
-    # Our own arrays even if another build landed first: same identity, and re-reading the
-    # folder could race with a concurrent replacing build.
-    return CachedFeatures(splits["train"], splits["test"], manifest["num_classes"], manifest)
+    if domain_names:  # a dataset without declared domains is one, named after itself
+        manifest["domain_names"] = list(domain_names)
+    return manifest
 
 
 def build_summary(manifest: dict[str, Any], path: Path) -> str:
@@ -392,7 +474,10 @@ def _write_and_install(
 
 
 def _write_split(file: Path, split: FeatureSet) -> dict[str, Any]:
-    blob = st_save({"features": split.x, "labels": split.y})
+    tensors = {"features": split.x, "labels": split.y}
+    if split.domains is not None:
+        tensors["domains"] = np.ascontiguousarray(split.domains, dtype=np.int64)
+    blob = st_save(tensors)
     write_durably(file, blob)
     return {
         "shape": list(split.x.shape),

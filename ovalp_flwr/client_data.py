@@ -91,7 +91,8 @@ def node_features(source: FeatureSource) -> CachedFeatures:
 
 def partition_spec(config: RunConfig) -> PartitionSpec:
     return PartitionSpec(config.partition, config.seed, config.classes_per_client,
-                         config.dirichlet_p, config.dirichlet_alpha, config.zipf_s)
+                         config.dirichlet_p, config.dirichlet_alpha, config.zipf_s,
+                         config.within_domain)
 
 
 def noise_spec(config: RunConfig) -> NoiseSpec:
@@ -110,8 +111,10 @@ def _partition(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
                num_partitions: int) -> tuple[np.ndarray, ...]:
     """Partitioned on the noisy labels: noise comes first, as in the benchmarks."""
     cached = node_features(source)
-    features = cached.train.x if spec.kind == "feature-skew" else None
-    return tuple(partition_indices(spec, train_labels(source, noise), num_partitions, features))
+    needs_features = "feature-skew" in (spec.kind, spec.within_domain)
+    return tuple(partition_indices(spec, train_labels(source, noise), num_partitions,
+                                   cached.train.x if needs_features else None,
+                                   cached.train.domain))
 
 
 def all_partitions(config: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:
@@ -219,26 +222,38 @@ def _read_rows(path: Path, request: dict, space: str) -> NodeRows:
 def node_test_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
                    partition_id: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
     """This client's own test split (personalization's Local accuracy): rows of its cache's test
-    split drawn with the class counts of its training partition scaled by test/train size, so
-    it follows the client's own label distribution and holds its share of the test split.
-    Seeded by (run seed, partition id); never a training row (another split); clean labels."""
+    split drawn with the class counts of its training partition scaled by test/train size, from
+    the domains it trains on, so it follows the client's own label distribution and inputs (its
+    corruption, camera or concept) and holds its share of the test split. Seeded by (run seed,
+    partition id); never a training row (another split); clean labels."""
     cached = node_features(source)
     train = node_rows(source, spec, noise, partition_id, num_partitions).labels
-    return local_test_split(train, cached.test.y, len(cached.train.y),
+    domains = cached.train.domain[_partition(source, spec, noise, num_partitions)[partition_id]]
+    return local_test_split(train, cached.test.y, np.bincount(cached.train.domain),
                             np.random.default_rng([spec.seed, partition_id, 0x7E57]),
-                            cached.test.x)
+                            cached.test.x, domains, cached.test.domain)
 
 
-def local_test_split(train_labels: np.ndarray, test_labels: np.ndarray, train_size: int,
-                     rng: np.random.Generator, test_features: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Per class held: round(count x |test| / train_size) test rows of that class (at least one,
-    at most all), without replacement; returns their features and labels."""
-    ratio = len(test_labels) / max(train_size, 1)
+def local_test_split(train_labels: np.ndarray, test_labels: np.ndarray,
+                     train_sizes: np.ndarray | int, rng: np.random.Generator,
+                     test_features: np.ndarray, train_domains: np.ndarray | None = None,
+                     test_domains: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per (domain, class) held: round(count x |test of the domain| / |train of the domain|) test
+    rows of that class and domain (at least one, at most all), without replacement; returns
+    their features and labels. `train_sizes`: the whole training split's size per domain."""
+    train_domains = np.zeros(len(train_labels), np.int64) if train_domains is None \
+        else np.asarray(train_domains)
+    test_domains = np.zeros(len(test_labels), np.int64) if test_domains is None \
+        else np.asarray(test_domains)
+    train_sizes = np.atleast_1d(train_sizes)
     picks = []
-    for label, count in zip(*np.unique(train_labels, return_counts=True)):
-        pool = np.flatnonzero(test_labels == label)
-        take = min(len(pool), max(1, round(count * ratio)))
-        picks.append(rng.choice(pool, take, replace=False))
+    for domain in np.unique(train_domains):
+        in_domain = test_domains == domain
+        ratio = in_domain.sum() / max(int(train_sizes[domain]), 1)
+        held = train_labels[train_domains == domain]
+        for label, count in zip(*np.unique(held, return_counts=True)):
+            pool = np.flatnonzero(in_domain & (test_labels == label))
+            take = min(len(pool), max(1, round(count * ratio)))
+            picks.append(rng.choice(pool, take, replace=False))
     rows = np.sort(np.concatenate(picks)) if picks else np.empty(0, np.int64)
     return np.ascontiguousarray(test_features[rows]), test_labels[rows].astype(np.int64)

@@ -14,7 +14,7 @@ from ovalp_flwr.noise import NOISE_KINDS
 
 HEADS = ("ova", "softmax")
 SCHEDULES = ("two-stage", "single-stage")
-PARTITIONS = ("iid", "shard", "bernoulli-dirichlet", "zipf", "feature-skew")
+PARTITIONS = ("iid", "shard", "bernoulli-dirichlet", "zipf", "feature-skew", "domain")
 FEATURE_NORMS = ("none", "l2", "standardize", "center-l2")
 DEVICES = ("auto", "cpu", "cuda")
 LOCAL_OPTIMIZERS = ("adamw", "sgd")
@@ -67,6 +67,9 @@ class RunConfig:
     schedule: str = "two-stage"
     stage1_rounds: int = 1
     partition: str = "shard"
+    # partition "domain" (each client one domain of a multi-domain dataset, or a share of one):
+    # how the clients of one domain split its rows, with the keys of that partition
+    within_domain: str = "iid"
     classes_per_client: int = 1
     dirichlet_p: float = 0.1
     dirichlet_alpha: float = 0.001
@@ -173,6 +176,7 @@ class RunConfig:
         _one_of("head", self.head, HEADS)
         _one_of("schedule", self.schedule, SCHEDULES)
         _one_of("partition", self.partition, PARTITIONS)
+        _one_of("within-domain", self.within_domain, PARTITIONS[:-1])
         _one_of("feature-norm", self.feature_norm, FEATURE_NORMS)
         _one_of("device", self.device, DEVICES)
         _one_of("label-noise", self.label_noise, NOISE_KINDS)

@@ -38,6 +38,8 @@ TEST_FRACTION = 0.2
 DATA_DIR_ENV = "OVALP_DATA_DIR"
 DEFAULT_DATA_DIR = Path("../shared/data")
 PREFIXES = ("folder:", "csv:", "hub:")
+# parametrised names built from registered datasets (ovalp_flwr.domain_datasets)
+DERIVED_PREFIXES = ("cifar10-c:", "concept:")
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 AG_NEWS_CLASSES = ("World", "Sports", "Business", "Sci/Tech")  # the dataset's own 1..4 order
 
@@ -52,26 +54,45 @@ Images = np.ndarray | Sequence[np.ndarray]
 class ImageSplit:
     images: Images  # uint8 [N, H, W, 3] RGB, or lazy: see Images
     labels: np.ndarray  # int64 [N]
+    domains: np.ndarray | None = None  # int64 [N] into domain_names; None: one domain
 
 
 @dataclass(frozen=True)
 class TextSplit:
     texts: tuple[str, ...]
     labels: np.ndarray  # int64 [N]
+    domains: np.ndarray | None = None  # int64 [N] into domain_names; None: one domain
 
 
 @dataclass(frozen=True)
 class LabelledDataset:
-    """A named train/test pair with its class names; the subclasses fix the modality."""
+    """A named train/test pair with its class names; the subclasses fix the modality.
+
+    Every sample has a domain (where it comes from: a digit style, a camera, a corruption, a
+    concept): `domain_names` and each split's `domains`; a dataset that sets neither is one
+    domain named after itself (ovalp_flwr.domain_datasets builds the multi-domain ones)."""
 
     name: str
     train: ImageSplit | TextSplit
     test: ImageSplit | TextSplit
     class_names: tuple[str, ...]
+    domain_names: tuple[str, ...] = ()
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        """The domains' names: the declared ones, else the dataset's own name."""
+        return self.domain_names or (self.name,)
+
+    def split_domains(self, split: str) -> np.ndarray:
+        """int64 [N] domain of every sample of `split` ('train' or 'test')."""
+        part = getattr(self, split)
+        if part.domains is None:
+            return np.zeros(len(part.labels), dtype=np.int64)
+        return np.asarray(part.domains, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -117,6 +138,10 @@ def load_dataset(
 
         return load_hub_dataset(name, limit_per_class=limit_per_class)
     root = resolve_data_dir(data_dir)
+    if name.startswith(DERIVED_PREFIXES):
+        from ovalp_flwr.domain_datasets import load_derived  # it imports this module
+
+        return load_derived(name, root, limit_per_class=limit_per_class)
     if name in DATASETS:
         return DATASETS[name](root, limit_per_class=limit_per_class)
     if name.startswith("folder:"):
@@ -132,12 +157,17 @@ def missing_data(name: str, data_dir: Path | str | None = None, cwd: Path | None
     nothing, so a launcher can refuse a run before starting it."""
     dataset_modality(name)  # unknown names fail here, as in load_dataset
     root = resolve_data_dir(data_dir, cwd)
+    if name.startswith(DERIVED_PREFIXES):
+        from ovalp_flwr.domain_datasets import base_dataset
+
+        return missing_data(base_dataset(name), data_dir, cwd)
     if name.startswith("folder:"):
         candidates = [root / _plain_name(name), root / f"{_plain_name(name)}.zip"]
     elif name.startswith("csv:"):
         candidates = [root / f"{_plain_name(name)}.csv"]
-    elif name in DATA_FILES:
-        candidates = [root / DATA_FILES[name]]
+    elif name in DATA_FILES:  # every file it reads must be there
+        missing = [root / f for f in DATA_FILES[name] if not (root / f).exists()]
+        return str(_not_found(name, *missing)) if missing else None
     else:
         return None  # bundled (digits) or fetched (hub:)
     if any(path.exists() for path in candidates):
@@ -153,6 +183,10 @@ def dataset_modality(name: str) -> Modality:
         return hub_modality(name)
     if name in LOCAL_MODALITY:
         return LOCAL_MODALITY[name]
+    if name.startswith(DERIVED_PREFIXES):
+        from ovalp_flwr.domain_datasets import base_dataset
+
+        return dataset_modality(base_dataset(name))
     if name.startswith("folder:"):
         _plain_name(name)
         return "image"
@@ -173,7 +207,8 @@ def _check_limit(limit_per_class: int | None) -> None:
 
 
 def _unknown(name: str) -> ValueError:
-    prefixed = ", ".join(f"{p}<name>" for p in PREFIXES)
+    prefixed = ", ".join([*(f"{p}<name>" for p in PREFIXES), "cifar10-c:[<corruption>:]<severity>",
+                          "concept:<dataset>"])
     local = ", ".join(DATASETS)
     return ValueError(f"unknown dataset {name!r}; choose one of {local} or {prefixed}")
 
@@ -432,7 +467,7 @@ def _folder(dataset: str, path: Path, limit: int | None) -> ImageDataset:
 
 def _cifar10(data_dir: Path, *, limit_per_class: int | None = None) -> ImageDataset:
     """CIFAR-10 as JPEGs in the generic zip layout; sorted folder names are the usual order."""
-    path = _require(data_dir / DATA_FILES["cifar10"], "cifar10")
+    path = _require(data_dir / DATA_FILES["cifar10"][0], "cifar10")
     with _open_tree(path, "cifar10") as tree:
         return _folder_dataset("cifar10", tree, limit_per_class)
 
@@ -440,7 +475,7 @@ def _cifar10(data_dir: Path, *, limit_per_class: int | None = None) -> ImageData
 def _tinyimagenet_100(data_dir: Path, *, limit_per_class: int | None = None) -> ImageDataset:
     """TinyImageNet's first 100 wnids; its labelled val set is the test split (64x64)."""
     dataset = "tinyimagenet-100"
-    path = _require(data_dir / DATA_FILES[dataset], dataset)
+    path = _require(data_dir / DATA_FILES[dataset][0], dataset)
     with _open_tree(path, dataset) as whole:
         markers = [n for n in whole.names if n.rsplit("/", 1)[-1] == "wnids.txt"]
         marker = min(markers, key=lambda n: n.count("/"), default=None)
@@ -490,7 +525,7 @@ def _wordnet_names(words: str, wnids: Sequence[str]) -> tuple[str, ...]:
 
 def _mnist(data_dir: Path, *, limit_per_class: int | None = None) -> ImageDataset:
     """MNIST from keras' mnist.npz (28x28 grey uint8), grey replicated to RGB; file order."""
-    path = _require(data_dir / DATA_FILES["mnist"], "mnist")
+    path = _require(data_dir / DATA_FILES["mnist"][0], "mnist")
     splits = {}
     with np.load(path) as npz:
         for split in ("train", "test"):
@@ -550,7 +585,7 @@ def _ag_news(data_dir: Path, *, limit_per_class: int | None = None) -> TextDatas
     """AG News test CSV (title, description, class) split 80/20 here; text = title + ". " +
     description. `class` is a name (this file) or 1..4 (the original CSVs)."""
     dataset = "ag-news"
-    path = _require(data_dir / DATA_FILES[dataset], dataset)
+    path = _require(data_dir / DATA_FILES[dataset][0], dataset)
     rows = _read_csv(path, ("title", "description", "class"), dataset)
     labels = np.array([_ag_news_label(value) for _, _, value in rows], dtype=np.int64)
     texts = [f"{title}. {description}" for title, description, _ in rows]
@@ -591,19 +626,42 @@ def _csv(dataset: str, path: Path, limit: int | None) -> TextDataset:
     return _text_dataset(dataset, [text for text, _ in rows], labels, tuple(classes), limit)
 
 
+def _domain_loader(name: str) -> Loader:
+    """A loader of ovalp_flwr.domain_datasets, imported on first use (it imports this module)."""
+
+    def load(data_dir: Path, *, limit_per_class: int | None = None) -> Dataset:
+        from ovalp_flwr.domain_datasets import LOADERS
+
+        return LOADERS[name](data_dir, limit_per_class=limit_per_class)
+
+    return load
+
+
 DATASETS: dict[str, Loader] = {
     "digits": _digits,
     "cifar10": _cifar10,
     "tinyimagenet-100": _tinyimagenet_100,
     "mnist": _mnist,
     "ag-news": _ag_news,
+    # domains (ovalp_flwr.domain_datasets): one digit style each, then all four, and four cameras
+    "usps": _domain_loader("usps"),
+    "mnist-m": _domain_loader("mnist-m"),
+    "syn-digits": _domain_loader("syn-digits"),
+    "digit-domains": _domain_loader("digit-domains"),
+    "office-caltech10": _domain_loader("office-caltech10"),
 }
-# The file each registered loader reads from the data dir (digits ships with scikit-learn).
-DATA_FILES: dict[str, str] = {
-    "cifar10": "cifar10-jpg.zip",
-    "tinyimagenet-100": "tinyimagenet-100.zip",
-    "mnist": "mnist.npz",
-    "ag-news": "ag_news_test.csv",
+# The files each registered loader reads from the data dir (digits ships with scikit-learn).
+DATA_FILES: dict[str, tuple[str, ...]] = {
+    "cifar10": ("cifar10-jpg.zip",),
+    "tinyimagenet-100": ("tinyimagenet-100.zip",),
+    "mnist": ("mnist.npz",),
+    "ag-news": ("ag_news_test.csv",),
+    "usps": ("digit-domains/usps.npz",),
+    "mnist-m": ("digit-domains/mnistm.npz",),
+    "syn-digits": ("digit-domains/syn_roy.npz",),
+    "digit-domains": ("mnist.npz", "digit-domains/usps.npz", "digit-domains/mnistm.npz",
+                      "digit-domains/syn_roy.npz"),
+    "office-caltech10": ("office_caltech10.zip",),
 }
 # What each registered loader returns; a test loads every name against it, so it cannot drift.
 LOCAL_MODALITY: dict[str, Modality] = {
@@ -612,4 +670,9 @@ LOCAL_MODALITY: dict[str, Modality] = {
     "tinyimagenet-100": "image",
     "mnist": "image",
     "ag-news": "text",
+    "usps": "image",
+    "mnist-m": "image",
+    "syn-digits": "image",
+    "digit-domains": "image",
+    "office-caltech10": "image",
 }

@@ -9,6 +9,7 @@ ClientApp of a node that has its rows already never needs these classes.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 
 import numpy as np
 from datasets import Dataset
@@ -217,6 +218,45 @@ class FeatureSkewPartitioner(IndexPartitioner):
         kmeans = KMeans(n_clusters=self.num_partitions, random_state=self._seed, n_init=1)
         cluster = kmeans.fit_predict(self._features)
         return [np.flatnonzero(cluster == j) for j in range(self.num_partitions)]
+
+
+class DomainPartitioner(IndexPartitioner):
+    """Each client holds one domain, or a share of one when there are more clients than
+    domains (clients apportioned to domains by their training sizes, at least one each, in
+    domain order: clients 0..c_0-1 hold domain 0, and so on), or several whole domains when there
+    are fewer (client i: the domains d with d mod N = i). Inside a domain its clients split its
+    rows by `inner(num_clients, seed, rows)`, a partitioner of their own (IID, label skew, ...),
+    seeded by (seed, domain) so that the domains' splits are independent.
+    """
+
+    def __init__(self, num_partitions: int, seed: int, domains: np.ndarray,
+                 inner: Callable[[int, int, np.ndarray], IndexPartitioner]) -> None:
+        super().__init__(num_partitions, seed)
+        self._domains = np.asarray(domains, dtype=np.int64)
+        self._inner = inner
+
+    def clients_per_domain(self) -> np.ndarray:
+        """How many clients share each domain (0 where a client holds several)."""
+        sizes = np.bincount(self._domains)
+        if self.num_partitions < len(sizes):
+            return np.zeros(len(sizes), dtype=np.int64)
+        return _apportion(sizes, self.num_partitions, minimum=1)
+
+    def _split(self, labels: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+        if len(self._domains) != len(labels):
+            raise ValueError(f"domains have {len(self._domains)} rows, the dataset {len(labels)}")
+        num_domains = int(self._domains.max(initial=-1)) + 1
+        if self.num_partitions < num_domains:
+            return [np.flatnonzero(self._domains % self.num_partitions == i)
+                    for i in range(self.num_partitions)]
+        parts: list[np.ndarray] = []
+        for d, clients in enumerate(self.clients_per_domain()):
+            rows = np.flatnonzero(self._domains == d)
+            seed = int(np.random.SeedSequence([self._seed, d]).generate_state(1)[0])
+            inner = self._inner(int(clients), seed, rows)
+            inner.dataset = Dataset.from_dict({"label": labels[rows]})
+            parts += [rows[ix] for ix in inner.all_indices()]
+        return parts
 
 
 # -------------------------------------------------------------------------- public API

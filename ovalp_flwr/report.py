@@ -67,6 +67,7 @@ class RunResult:
     target: float | None = None  # the bar of "round to target" for this run (a fraction)
     relative: list[float] | None = None  # R(t) in %, non-IID runs whose IID run was found
     decline: float | None = None  # %, noisy runs whose noise-free run was found
+    domains: dict[str, float] | None = None  # final accuracy per domain (multi-domain data)
 
     def accuracy_at(self, round_: int) -> float:
         """Accuracy after `round_` (0: the start), the last one for rounds past the end."""
@@ -173,7 +174,8 @@ def read_run(run_dir: Path, spec: RunSpec, horizon: int = 0,
     assert acc95 is not None  # a non-empty curve always reaches 95% of its last value
     return RunResult(spec, curve, float(summary["final_accuracy"]), max(curve), acc95,
                      cost_to_round(summary, acc95), summary.get("label_noise"), start,
-                     tuple(bytes_through(summary, horizon)), target)
+                     tuple(bytes_through(summary, horizon)), target,
+                     domains=summary.get("domain_accuracy", {}).get("final"))
 
 
 def attach_relative(runs: list[RunResult]) -> list[RunResult]:
@@ -528,6 +530,8 @@ def markdown(preset: Preset, runs: list[RunResult], missing: list[tuple[str, str
                          + worst_over_partitions(preset, cells, name) for name in WORST_OF))
     if NOISE_AXIS in preset.axes:
         parts.append("## Label noise\n\n" + noise_tables(preset, runs))
+    if any(r.domains for r in runs):
+        parts.append("## Per domain: final accuracy (%)\n\n" + domain_table(preset, cells))
     parts.append("## Plots\n\n" + "".join(f"![{p}]({p})\n" for p in plots))
     parts.append("## Files\n\n- `runs.csv`: one row per run\n- `table.csv`: the table "
                  "*All cells* with mean and std in separate columns\n")
@@ -535,6 +539,25 @@ def markdown(preset: Preset, runs: list[RunResult], missing: list[tuple[str, str
         parts.append(f"## Missing runs ({len(missing)})\n\n"
                      + "".join(f"- `{name}`: {why}\n" for name, why in missing))
     return "\n".join(parts)
+
+
+def domain_table(preset: Preset, cells: dict[Choices, list[RunResult]]) -> str:
+    """One row per domain, one column per cell: the global model's final accuracy on that
+    domain's test rows, mean ± std over seeds; then each run's worst domain, and the gap
+    between its best and worst domain."""
+    present = [c for c in combos(preset) if any(r.domains for r in cells.get(c, []))]
+    names = list(dict.fromkeys(d for c in present for r in cells[c] if r.domains for d in r.domains))
+
+    def row(head: str, value: Callable[[dict[str, float]], float]) -> list[str]:
+        return [head, *(stat([100 * value(r.domains) for r in cells[c] if r.domains]).text(
+            pct, len(cells[c])) for c in present)]
+
+    rows = [row(name, lambda d, name=name: d.get(name, math.nan)) for name in names]
+    rows.append(row("worst domain", lambda d: min(d.values())))
+    rows.append(row("best - worst", lambda d: max(d.values()) - min(d.values())))
+    return (f"The global model's accuracy on each domain's test rows after the last round; "
+            f"the union of the domains' test splits is *final accuracy* above.\n\n"
+            + md_table(["domain", *(label(c) for c in present)], rows, 1))
 
 
 # ---------------------------------------------------------------- CSV

@@ -254,6 +254,10 @@ class CentralEvaluator:
         features = normalize(config.feature_norm, cache.test.x, stats)
         self.features = torch.from_numpy(features).to(self.device)
         self.labels = torch.from_numpy(cache.test.y.astype(np.int64)).to(self.device)
+        # with several domains, accuracy on each domain's test rows too (the union is `accuracy`)
+        self.domain_names = cache.domain_names if len(cache.domain_names) > 1 else ()
+        self.domains = torch.from_numpy(cache.test.domain).to(self.device)
+        self.domain_accuracy: dict[int, dict[str, float]] = {}
         self.seconds: dict[int, float] = {}
         self.done_at: dict[int, float] = {}  # round -> when its evaluation ended
         self.config = config
@@ -263,10 +267,19 @@ class CentralEvaluator:
         start = time.perf_counter()
         head = model_from_numpy(p.from_record(arrays), self.device, self.config.adapter_activation)
         acc = accuracy(head, self.features, self.labels)
+        if self.domain_names:
+            self.domain_accuracy[server_round] = self._per_domain(head)
         self.done_at[server_round] = time.perf_counter()
         self.seconds[server_round] = self.done_at[server_round] - start
         self._say_round(server_round, acc)
         return MetricRecord({p.ACCURACY: acc})
+
+    def _per_domain(self, head: torch.nn.Module) -> dict[str, float]:
+        """Accuracy on each domain's test rows (NaN-free: a domain without test rows is left out)."""
+        with torch.inference_mode():
+            right = head(self.features).argmax(dim=1) == self.labels
+        return {name: float(right[self.domains == d].float().mean())
+                for d, name in enumerate(self.domain_names) if bool((self.domains == d).any())}
 
     def _say_round(self, server_round: int, acc: float) -> None:
         """The run's one line per round for its user: stage, accuracy, the round's seconds,
@@ -328,10 +341,14 @@ def _summary(config: RunConfig, result: Result, strategy: Staged,
     rounds = [
         {"round": r, "accuracy": accuracies[r], "local_accuracy": local.get(r),
          **strategy.rounds.get(r, {}), "server_eval_seconds": evaluator.seconds[r],
-         "round_seconds": evaluator.done_at[r] - evaluator.done_at[r - 1]}
+         "round_seconds": evaluator.done_at[r] - evaluator.done_at[r - 1],
+         **({"domain_accuracy": evaluator.domain_accuracy[r]} if evaluator.domain_names else {})}
         for r in range(1, last + 1)
     ]
-    return {
+    domains = {"domain_accuracy": {"initial": evaluator.domain_accuracy[0],
+                                   "final": evaluator.domain_accuracy[last]}} \
+        if evaluator.domain_names else {}
+    return {**domains,
         "final_accuracy": accuracies[last],
         "best_accuracy": max(accuracies[r] for r in range(min(1, last), last + 1)),
         "initial_accuracy": accuracies[0],
@@ -420,12 +437,13 @@ def partition_summary(config: RunConfig, clients: dict[int, dict],
     """Sizes and classes per client from the shared cache; for nodes with their own data the
     server knows only the sample counts they report (as FedAvg does), so classes stay empty."""
     by_id = [clients[node] for node in by_partition(clients)]
+    kind = f"domain ({config.within_domain} within)" if config.partition == "domain" \
+        else config.partition
     if not any(int(c[p.OWN_DATA]) for c in by_id):
         parts = all_partitions(config, num_partitions(clients))
-        return summarize_partition(
-            config.partition, [parts[int(c[p.PARTITION_ID])] for c in by_id], cache.train.y)
-    return summarize_sizes(f"{config.partition} of node-local data",
-                           [int(c[p.NUM_EXAMPLES]) for c in by_id])
+        return summarize_partition(kind, [parts[int(c[p.PARTITION_ID])] for c in by_id],
+                                   cache.train.y, cache.train.domain, cache.domain_names)
+    return summarize_sizes(f"{kind} of node-local data", [int(c[p.NUM_EXAMPLES]) for c in by_id])
 
 
 def label_noise_summary(config: RunConfig, clients: dict[int, dict]) -> dict:

@@ -89,6 +89,10 @@ def summary_lines(summary: dict[str, Any], twin: dict[str, Any] | None = None) -
     lines[-1] += f"  ({ACC_AT_FRACTION:.0%} of it from round {at_bar})"
     if twin is not None and len(start_and_rounds(twin)) == len(curve):
         lines[-1] += f", R = {relative_curve(curve, start_and_rounds(twin))[-1]:.1f}%"
+    per_domain = summary.get("domain_accuracy", {}).get("final")
+    if per_domain:  # worst first: where the global model serves its clients least
+        ranked = sorted(per_domain.items(), key=lambda item: item[1])
+        lines.append("  per domain (final): " + ", ".join(f"{d} {a:.4f}" for d, a in ranked))
     sent = sum(r.get("bytes_sent_per_client", 0.0) for r in rounds) / 1e6
     received = sum(r.get("bytes_received_per_client", 0.0) for r in rounds) / 1e6
     seconds = summary.get("total_seconds", 0.0)

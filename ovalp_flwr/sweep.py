@@ -56,7 +56,7 @@ BEFORE_THE_KEY: dict[str, Any] = {"local-optimizer": "adamw", "local-steps": 0,
                                   "aggregation-weights": "samples", "drift-correction": "none",
                                   "server-optimizer": "fedavg", "server-learning-rate": 0.1,
                                   "epoch-size": "own-data", "head-init": "random",
-                                  "pft.own-heads.mu": 0.0}
+                                  "pft.own-heads.mu": 0.0, "within-domain": "iid"}
 
 
 class PresetError(ValueError):

@@ -341,7 +341,8 @@ def test_fetch_failure_is_one_line_that_says_what_to_do() -> None:
         "dataset 'hub:cifar100': cannot fetch uoft-cs/cifar100 split 'train' from the Hugging "
         "Face hub (ConnectionError: Couldn't reach 'uoft-cs/cifar100' on the Hub "
         "(LocalEntryNotFound)); on a machine without internet use a local dataset (digits, "
-        "cifar10, tinyimagenet-100, mnist, ag-news, folder:<name>, csv:<name>)"
+        "cifar10, tinyimagenet-100, mnist, ag-news, usps, mnist-m, syn-digits, digit-domains, "
+        "office-caltech10, folder:<name>, csv:<name>)"
     )
     assert isinstance(e.value.__cause__, ConnectionError)
 
@@ -378,7 +379,8 @@ def test_load_dataset_dispatches_hub_names_to_the_default_fetch(monkeypatch: Any
 
 
 def test_hub_names_are_listed_with_the_other_prefixes() -> None:
-    with pytest.raises(ValueError, match=r"folder:<name>, csv:<name>, hub:<name>$"):
+    with pytest.raises(ValueError, match=r"folder:<name>, csv:<name>, hub:<name>, "
+                       r"cifar10-c:\[<corruption>:\]<severity>, concept:<dataset>$"):
         load_dataset("nope")
 
 

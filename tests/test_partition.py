@@ -37,17 +37,26 @@ CASES = {  # kind -> (num_partitions, spec options)
     "bernoulli-dirichlet": (100, {"dirichlet_p": 0.1, "dirichlet_alpha": 0.001}),
     "zipf": (100, {"zipf_s": 2.0}),
     "feature-skew": (20, {}),
+    # 4 domains of unequal size, each split over its clients by a label skew of its own
+    "domain": (30, {"within_domain": "bernoulli-dirichlet", "dirichlet_p": 0.5,
+                    "dirichlet_alpha": 0.5}),
 }
-RANDOM_KINDS = ["iid", "shard", "bernoulli-dirichlet", "zipf"]
+RANDOM_KINDS = ["iid", "shard", "bernoulli-dirichlet", "zipf", "domain"]
+DOMAINS = np.minimum(BLOBS // 4, 3)  # blobs 0-3, 4-7, 8-11, 12-19: four domains
 
 
 def split(kind: str, seed: int = 0, labels: np.ndarray = LABELS) -> list[np.ndarray]:
     n, options = CASES[kind]
-    return partition_indices(PartitionSpec(kind, seed, **options), labels, n, features_for(kind))
+    return partition_indices(PartitionSpec(kind, seed, **options), labels, n, features_for(kind),
+                             domains_for(kind))
 
 
 def features_for(kind: str) -> np.ndarray | None:
     return FEATURES if kind == "feature-skew" else None
+
+
+def domains_for(kind: str) -> np.ndarray | None:
+    return DOMAINS if kind == "domain" else None
 
 
 def classes_per_client(parts: list[np.ndarray]) -> list[int]:
@@ -81,10 +90,11 @@ def test_other_seed_other_partition(kind):
 def test_partitioner_load_partition_matches_indices(kind):
     n, options = CASES[kind]
     spec = PartitionSpec(kind, seed=1, **options)
-    partitioner = make_partitioner(spec, n, features_for(kind))
+    partitioner = make_partitioner(spec, n, features_for(kind), domains_for(kind))
     partitioner.dataset = label_dataset(LABELS)
     assert partitioner.num_partitions == n
-    for i, expected in enumerate(partition_indices(spec, LABELS, n, features_for(kind))):
+    for i, expected in enumerate(partition_indices(spec, LABELS, n, features_for(kind),
+                                                   domains_for(kind))):
         part = partitioner.load_partition(i)
         assert np.array_equal(np.asarray(part["index"]), expected)
         assert np.array_equal(np.asarray(part["label"]), LABELS[expected])

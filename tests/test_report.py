@@ -410,3 +410,27 @@ def test_report_of_personalized_runs_has_the_table_and_its_plots(tmp_path):
     assert all((out / n).stat().st_size > 10_000 for n in ("distortion_vs_global.png",
                                                             "pft_epochs.png"))
     assert len((out / "personalization.csv").read_text().splitlines()) == 1 + 5  # header, methods
+
+
+def test_per_domain_table_by_hand(tmp_path):
+    """Multi-domain runs: each domain's final accuracy over seeds, the worst domain and the gap."""
+    preset = write_preset(tmp_path, ABLATION, "tiny-domains")
+    per_domain = {"a-iid-seed0": {"mnist": 0.9, "usps": 0.7},
+                  "a-iid-seed1": {"mnist": 0.8, "usps": 0.8},
+                  "b-iid-seed0": {"mnist": 0.6, "usps": 0.4}}
+    for name, domains in per_domain.items():
+        spec = next(s for s in preset.runs() if s.name == name)
+        resolved = RunConfig.from_mapping(spec.run_config).to_dict()
+        rounds = [{"round": t, "accuracy": 0.5, "domain_accuracy": domains, **ROUND_COSTS}
+                  for t in range(1, 5)]
+        write_run(preset.results_dir(tmp_path / "results"), name, {
+            "final_accuracy": 0.5, "best_accuracy": 0.5, "initial_accuracy": 0.1,
+            "config": {**resolved, "run-name": name}, "rounds": rounds,
+            "domain_accuracy": {"initial": domains, "final": domains}})
+    text = (report(tmp_path, preset) / "report.md").read_text()
+    table = text.split("## Per domain: final accuracy (%)")[1].split("##")[0]
+    assert "| domain | a, iid | b, iid |" in table  # only cells with per-domain runs
+    assert "| mnist | 85.00 ± 7.07 | 60.00 ± — |" in table
+    assert "| usps | 75.00 ± 7.07 | 40.00 ± — |" in table
+    assert "| worst domain | 75.00 ± 7.07 | 40.00 ± — |" in table  # 0.7 and 0.8
+    assert "| best - worst | 10.00 ± 14.14 | 20.00 ± — |" in table  # 0.2 and 0.0
