@@ -447,6 +447,10 @@ def _manifest(dataset: str, encoder: str, limit_per_class: int | None, opts: Enc
 def build_summary(manifest: dict[str, Any], path: Path) -> str:
     """One line: encoder, feature size, speed (preprocess + forward), seconds, where."""
     build = manifest["build"]
+    if "derived_from" in manifest:  # nothing was encoded
+        return (f"{manifest['dataset']}: {manifest['encoder']}'s features of the "
+                f"{manifest['derived_from']['dataset']} cache, relabelled ({build['inputs']} "
+                f"{build['unit']}) -> {path}")
     unit = build["unit"]
     return (
         f"{manifest['encoder']}: {manifest['encoder_identity']['feature_dim']}-d features, "

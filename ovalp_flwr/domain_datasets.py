@@ -380,6 +380,15 @@ def base_dataset(name: str) -> str:
     return spec.base
 
 
+def num_domains(name: str) -> int:
+    """How many domains a dataset has, without reading it (1 for a one-domain dataset)."""
+    if name.startswith(CORRUPTED_PREFIX):
+        return len(CorruptedName.parse(name).corruptions)
+    if name.startswith(CONCEPT_PREFIX):
+        return CONCEPTS
+    return {"digit-domains": 4, "office-caltech10": len(OFFICE_DOMAINS)}.get(name, 1)
+
+
 def load_derived(name: str, data_dir: Path, *, limit_per_class: int | None = None) -> Dataset:
     """`cifar10-c:...` or `concept:...` from the data dir."""
     if name.startswith(CORRUPTED_PREFIX):

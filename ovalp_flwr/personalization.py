@@ -55,7 +55,8 @@ def personalization_phase(grid: Grid, config: RunConfig, clients: dict[int, dict
              max(float(replies[n][p.METRICS][p.TRAIN_SECONDS]) for n in nodes))
     return {"clients": [partitions[n] for n in nodes], "methods": methods,
             "options": {m: config.personalizer_options(m) for m in config.personalization_methods},
-            "test_split": "per client: its training classes' proportions, drawn from the test split",
+            "test_split": "per client: its training classes' proportions, drawn from the test "
+                          "split (from its own domains on multi-domain data)",
             "costs": costs.to_dict(), "seconds": time.perf_counter() - started}
 
 

@@ -42,7 +42,7 @@ from ovalp_flwr.sweep import (REFERENCE_AXIS, REFERENCE_CHOICE, Preset, PresetEr
 
 METHOD_AXIS, NOISE_AXIS, CLEAN_CHOICE = "method", "noise", "none"
 NO_STD = "—"
-PLOTS = ("curves.png", "relative.png", "r_final.png", "ceiling.png")
+PLOTS = ("curves.png", "relative.png", "r_final.png", "ceiling.png", "domains.png")
 
 Choices = tuple[tuple[str, str], ...]
 
@@ -863,7 +863,42 @@ def plots(preset: Preset, runs: Sequence[RunResult]) -> dict[str, bytes]:
         out["r_final.png"] = r_final_plot(preset, runs)
     if preset.ceiling_fraction is not None:
         out["ceiling.png"] = ceiling_plot(preset, runs)
+    if any(r.domains for r in runs):
+        out["domains.png"] = domains_plot(preset, runs)
     return out
+
+
+def domains_plot(preset: Preset, runs: Sequence[RunResult]) -> bytes:
+    """Grouped bars: x = domain, one bar per cell (method, partition, ...): the global model's
+    final accuracy on each domain's test rows, mean ± std over seeds; the dotted line per cell
+    is its accuracy on the union. Where a domain's bar falls short, that domain's clients are
+    served worst."""
+    import numpy as np
+
+    plt = _pyplot()
+    cells = {c: [r for r in members if r.domains] for c, members in by_cell(runs).items()}
+    cells = {c: cells[c] for c in combos(preset) if cells.get(c)}
+    names = list(dict.fromkeys(d for members in cells.values() for r in members for d in r.domains))
+    colors = _colors(plt, [label(c) for c in cells])
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(names) * len(cells) ** 0.5 + 3), 4.2),
+                           layout="constrained")
+    width = 0.8 / len(cells)
+    for i, (choices, members) in enumerate(cells.items()):
+        values = [stat([100 * r.domains.get(d, math.nan) for r in members]) for d in names]
+        x = np.arange(len(names)) + (i - (len(cells) - 1) / 2) * width
+        ax.bar(x, [v.mean if v.mean is not None else 0.0 for v in values], width,
+               yerr=[v.std or 0.0 for v in values], capsize=1.5, color=colors[label(choices)],
+               label=label(choices))
+        ax.axhline(100 * stat([r.final for r in members]).mean, color=colors[label(choices)],
+                   linestyle=":", linewidth=1)
+    ax.set_xticks(range(len(names)), names, rotation=30 if len(names) > 5 else 0, ha="right"
+                  if len(names) > 5 else "center", fontsize=8)
+    ax.set_ylabel("final accuracy (%)")
+    ax.set_title(f"{preset.name}: accuracy per domain (mean ± std over seeds; dotted: all "
+                 "domains)", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.legend(loc="outside right center", frameon=False, fontsize=8)
+    return _png(plt, fig)
 
 
 # ---------------------------------------------------------------- writing

@@ -75,6 +75,7 @@ def test_digit_domains_one_resolution_rgb_and_a_domain_per_row(digit_files: Path
     for split in (ds.train, ds.test):  # stratified: every domain holds every class
         for d in range(4):
             assert len(np.unique(split.labels[split.domains == d])) == 10
+    assert dd.num_domains("digit-domains") == 4 and dd.num_domains("cifar10") == 1
     usps = load_dataset("usps", digit_files)  # alone: its own resolution, one domain
     assert usps.train.images.shape == (100, 16, 16, 3) and usps.domains == ("usps",)
 
@@ -118,7 +119,8 @@ def test_office_split_per_domain_without_duplicates(tmp_path: Path) -> None:
 def test_concept_swaps_labels_per_concept_and_keeps_inputs() -> None:
     base, ds = load_dataset("digits"), load_dataset("concept:digits")
     assert np.array_equal(base.train.images, ds.train.images)
-    assert len(ds.domains) == dd.CONCEPTS and ds.domains[0] == "original"
+    assert len(ds.domains) == dd.CONCEPTS == dd.num_domains("concept:digits")
+    assert ds.domains[0] == "original"
     swaps = dd.Relabelling("digits").swaps(10)
     for split in ("train", "test"):
         before, after = getattr(base, split).labels, getattr(ds, split).labels
@@ -155,6 +157,7 @@ def test_cifar10_c_one_corruption_per_share_deterministic(tmp_path: Path) -> Non
     clean = load_dataset("cifar10", tmp_path)
     ds = load_dataset("cifar10-c:3", tmp_path)
     assert ds.domains == tuple(f"{c}-3" for c in CORRUPTIONS)
+    assert dd.num_domains("cifar10-c:3") == len(CORRUPTIONS) >= 15
     for split in ("train", "test"):
         domains = ds.split_domains(split)
         images, originals = getattr(ds, split).images, getattr(clean, split).images

@@ -434,3 +434,5 @@ def test_per_domain_table_by_hand(tmp_path):
     assert "| usps | 75.00 ± 7.07 | 40.00 ± — |" in table
     assert "| worst domain | 75.00 ± 7.07 | 40.00 ± — |" in table  # 0.7 and 0.8
     assert "| best - worst | 10.00 ± 14.14 | 20.00 ± — |" in table  # 0.2 and 0.0
+    assert "![domains.png](domains.png)" in text
+    assert (tmp_path / "reports" / preset.name / "domains.png").read_bytes()[:4] == b"\x89PNG"

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from ovalp_flwr.domain_datasets import num_domains
 from ovalp_flwr.sweep import (
     PAPER_SEEDS,
     PresetError,
@@ -52,7 +53,11 @@ def test_every_shipped_preset_loads_and_validates_every_run():
     assert len(presets) >= 5
     for path in presets:
         preset = load_preset(path)
-        if "personalize" in preset.config:  # the personalization study's protocol
+        partitions = {spec.run_config.get("partition") for spec in preset.runs()}
+        if "domain" in partitions:  # clients that differ in what they see: one per domain
+            assert preset.seeds == PAPER_SEEDS[:3] and preset.config["num-server-rounds"] == 20
+            assert preset.num_supernodes == num_domains(preset.config["dataset"])
+        elif "personalize" in preset.config:  # the personalization study's protocol
             assert preset.seeds == PAPER_SEEDS[:3] and preset.num_supernodes == 20
         else:  # the OvA-LP paper's
             assert preset.seeds == PAPER_SEEDS and preset.num_supernodes == 100

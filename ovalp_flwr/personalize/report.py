@@ -207,7 +207,8 @@ def _section(heading: str, body: str) -> str:
 DEFINITIONS = """After the last federated round every client fine-tunes the final global model on
 its own training rows (`pft-epochs` epochs), once; `global` is the federated model itself.
 Each client holds a test split drawn from the test set with its own training classes'
-proportions. Local: a client's model on its own split, averaged over clients. Global: a
+proportions, from its own domain(s) on multi-domain data (its corruption, camera, digit style
+or concept). Local: a client's model on its own split, averaged over clients. Global: a
 client's model on the other clients' splits (mean over them), averaged over clients. C-Std
 and Worst: the standard deviation and the minimum of the Local accuracies. Average: the
 mean of Local and Global. Δ: mean L2 distance between the personalized and the global
