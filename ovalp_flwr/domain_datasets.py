@@ -267,7 +267,7 @@ class CorruptedName:
         if len(parts) not in (1, 2) or not parts[-1].isdigit() or int(parts[-1]) not in SEVERITIES:
             raise ValueError(usage)
         if len(parts) == 2 and parts[0] not in CORRUPTIONS:
-            raise ValueError(f"dataset {name!r}: corruption {parts[0]!r} is not allowed; choose "
+            raise ValueError(f"dataset {name!r} is not allowed; corruption {parts[0]!r} is not "
                              f"one of: {', '.join(CORRUPTIONS)}")
         return cls(tuple(CORRUPTIONS) if len(parts) == 1 else (parts[0],), int(parts[-1]))
 

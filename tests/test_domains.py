@@ -134,11 +134,14 @@ def test_concept_swaps_labels_per_concept_and_keeps_inputs() -> None:
 
 def test_derived_names_are_checked_in_one_line(tmp_path: Path) -> None:
     for name, words in (("cifar10-c:9", "severity in 1..5"), ("cifar10-c:fog:x", "use cifar10-c"),
-                        ("cifar10-c:smog:3", "corruption 'smog' is not allowed"),
+                        ("cifar10-c:smog:3", "corruption 'smog' is not one of: gaussian-noise"),
                         ("concept:concept:digits", "not itself a concept shift")):
         with pytest.raises(ValueError, match=words) as err:
             load_dataset(name, tmp_path)
         assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"^run config: dataset='cifar10-c:9' is not allowed; "
+                       r"use cifar10-c:<severity>"):
+        RunConfig.from_mapping({"dataset": "cifar10-c:9"})  # refused before anything loads
     assert "cifar10-jpg.zip not found" in missing_data("cifar10-c:3", tmp_path)
     assert "usps.npz" in missing_data("digit-domains", tmp_path)
     assert missing_data("concept:digits", tmp_path) is None
