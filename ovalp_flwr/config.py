@@ -38,9 +38,11 @@ RECIPE: dict[str, Any] = {"local-optimizer": "adamw", "learning-rate": 0.01,
                           "weight-decay": 1e-4, "head-init": "random"}
 
 
-# Where a run's files live and which device ran it: none changes what the run computes.
+# Where a run's files live, which device ran it, how it meets faults and whether it was resumed:
+# none changes what the run computes (a fault it met is in its per-round records).
 NOT_PART_OF_THE_RESULT = frozenset({"run-name", "results-dir", "feature-cache-dir", "data-dir",
-                                    "device"})
+                                    "device", "round-timeout", "exclude-after-rejections",
+                                    "checkpoint-every", "resume"})
 
 
 class ConfigError(ValueError):
@@ -102,6 +104,14 @@ class RunConfig:
     statistics_aggregation: str = "plain"
     fraction_train: float = 1.0
     fraction_evaluate: float = 0.0
+    # faults (README, "Reliability"): a round aggregates the replies it has after this many
+    # seconds; a node whose replies were refused this many times is no longer sampled (0: never)
+    round_timeout: float = 3600.0
+    exclude_after_rejections: int = 0
+    # a checkpoint in results/<run-name>/ after every this many rounds (0: none); resume: go on
+    # from it (ovalp_flwr.checkpoint)
+    checkpoint_every: int = 1
+    resume: bool = False
     seed: int = 0
     feature_norm: str = "standardize"
     device: str = "auto"
@@ -201,6 +211,12 @@ class RunConfig:
         _at_least("batch-size", self.batch_size, 1)
         _at_least("local-steps", self.local_steps, 0)
         _positive("server-learning-rate", self.server_learning_rate)
+        _positive("round-timeout", self.round_timeout)
+        _at_least("exclude-after-rejections", self.exclude_after_rejections, 0)
+        _at_least("checkpoint-every", self.checkpoint_every, 0)
+        if self.resume and not self.run_name:
+            raise ConfigError("resume", self.resume, "a run resumes by name: set run-name to the "
+                              "run to continue (results/<run-name>/ holds its checkpoint)")
         _at_least("seed", self.seed, 0)
         _positive("learning-rate", self.learning_rate)
         _positive("dirichlet-alpha", self.dirichlet_alpha)
@@ -312,6 +328,8 @@ def _coerce(key: str, value: Any, type_name: Any) -> Any:
     if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
         return value
     if kind == "str" and isinstance(value, str):
+        return value
+    if kind == "bool" and isinstance(value, bool):
         return value
     raise ConfigError(key, value, f"expected a value of type {kind}")
 

@@ -88,6 +88,8 @@ class Deployment:
     server_runtime: subprocess.Popen | None = None  # process isolation: the ServerApp's
     nodes: list[Node] = field(default_factory=list)
     certs: Path | None = None  # set when secure: CA cert, server cert/key, node keys
+    superlink_command: list[str] = field(default_factory=list)  # to start it again
+    cwd: Path = PROJECT
 
     @property
     def secure(self) -> bool:
@@ -227,9 +229,10 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
         certs = flwr_home / "certs"
         certs_module.make_all(certs, num_supernodes)
         ca_cert = certs / certs_module.CA_CERT
-    superlink = _start(superlink_command(port, isolation, certs, flwr_home / "deploy" / "state.db"),
-                       log, flwr_home, cwd)
-    deployment = Deployment(f"127.0.0.1:{port}", flwr_home, superlink, isolation, certs=certs)
+    command = superlink_command(port, isolation, certs, flwr_home / "deploy" / "state.db")
+    superlink = _start(command, log, flwr_home, cwd)
+    deployment = Deployment(f"127.0.0.1:{port}", flwr_home, superlink, isolation, certs=certs,
+                            superlink_command=command, cwd=cwd)
     try:
         _wait_for_port(port, superlink, log)
         if isolation == "process":
@@ -244,6 +247,17 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
     finally:
         for process in reversed(deployment.processes()):
             stop_group(process)
+
+
+def restart_superlink(deployment: Deployment) -> None:
+    """Stop the SuperLink and start it again, same port, same `--database`: what a reboot of
+    the server host does. The nodes and runtimes reconnect by themselves; a run that was going
+    on is lost with its ServerApp, and goes on with `resume` (`ovalp_flwr.checkpoint`)."""
+    stop_group(deployment.superlink)
+    log = deployment.flwr_home / "deploy" / "superlink.log"
+    deployment.superlink = _start(deployment.superlink_command, log, deployment.flwr_home,
+                                  deployment.cwd)
+    _wait_for_port(int(deployment.address.rsplit(":", 1)[1]), deployment.superlink, log)
 
 
 def run_app(deployment: Deployment, app: Path, flwr_args: Sequence[str],

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from ovalp_flwr.single_run import PLOT_FILE, iid_twin, plot_run
 
 ROUND_COLUMNS = (
     "round", "accuracy", "stage", "train_loss", "clients_sampled", "clients_trained",
-    "clients_failed", "bytes_sent_per_client", "bytes_received_per_client",
+    "clients_failed", "clients_timed_out", "clients_rejected", "bytes_sent_per_client", "bytes_received_per_client",
     "client_train_seconds_mean", "client_train_seconds_max", "server_aggregate_seconds",
     "server_eval_seconds", "round_seconds",
 )
@@ -43,13 +44,18 @@ def default_run_name(config: dict[str, Any]) -> str:
     return "-".join(parts)
 
 
-def write_run(results_dir: Path, run_name: str, summary: dict[str, Any]) -> Path:
-    """Write `summary.json` + `rounds.csv` under results_dir/run_name atomically."""
+def write_run(results_dir: Path, run_name: str, summary: dict[str, Any],
+              carry: Iterable[str] = ()) -> Path:
+    """Write `summary.json` + `rounds.csv` under results_dir/run_name atomically; the files
+    named in `carry` that the folder holds already (the run's checkpoint) are kept."""
     results_dir.mkdir(parents=True, exist_ok=True)
     final = results_dir / run_name
     staging = results_dir / f".{run_name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
+    for name in carry:
+        if (final / name).is_file():
+            shutil.copy2(final / name, staging / name)
     write_durably(staging / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
     write_durably(staging / "rounds.csv", _rounds_csv(summary["rounds"]))
     write_durably(staging / PLOT_FILE, plot_run(summary, iid_twin(results_dir, summary)))

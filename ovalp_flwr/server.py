@@ -6,8 +6,11 @@
 3. `query.set_norm`: the global mean/std every client normalises with; its replies carry the
    clients' class statistics when the heads start from them (`head-init`);
 4. the heads' start (`ovalp_flwr.head_init`), scored as round 0;
-5. FedAvg rounds with the stage in each train message, centralised evaluation after each;
+5. FedAvg rounds with the stage in each train message, centralised evaluation after each, and
+   a checkpoint after each (`resume` goes on from the last one);
 6. `results/<run-name>/summary.json` + `rounds.csv`, and one closing line.
+Every reply is checked before it is used (`ovalp_flwr.validation`): a node that describes
+itself impossibly is left out, a train reply that is not what it claims is not averaged.
 """
 
 from __future__ import annotations
@@ -38,13 +41,21 @@ from ovalp_flwr.model import initial_adapter, model_from_numpy
 from ovalp_flwr.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize
 from ovalp_flwr.partition import PartitionSummary, summarize_partition, summarize_sizes
 from ovalp_flwr.results import default_run_name, write_run
-from ovalp_flwr.strategy import (ControlVariates, Staged, StagedFedAdam, StagedFedAvg,
+from ovalp_flwr.checkpoint import (FILE as CHECKPOINT_FILE, Checkpoint, check_resumable,
+                                   comparable, pack, read_checkpoint, unpack, write_checkpoint)
+from ovalp_flwr.client import local_schedule
+from ovalp_flwr.strategy import (ControlVariates, ReplyCheck, Staged, StagedFedAdam, StagedFedAvg,
                                  message_bytes)
+from ovalp_flwr.validation import (check_description, check_moments, check_statistics,
+                                   check_train_reply)
 
 
 def run_server(grid: Grid, config: RunConfig) -> Path:
     """One OvA-LP (or LP-softmax) run; returns its results folder."""
     started = time.time()
+    run_name = config.run_name or default_run_name(config.to_dict())
+    run_dir = resolve_path(config.results_dir) / run_name
+    resumed = resumable(config, run_dir)
     cache = load_or_build(config.dataset, config.encoder, resolve_path(config.feature_cache_dir),
                           data_dir=config.data_dir or None, device=config.device)
     nodes = wait_for_nodes(grid)
@@ -62,32 +73,126 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
         node_order=by_partition(clients),
         admit=late_admitter(cache, stats, clients),
         extra_train_config={**digest_config, **({p.LOCAL_STEPS: steps} if steps else {})},
+        check_reply=train_reply_check(config, clients, steps),
+        left_out=set(nodes) - set(clients),
     )
     evaluator = CentralEvaluator(cache, config, stats)
     evaluator.round_info = lambda server_round: strategy.rounds.get(server_round, {})
+    checkpoints = Checkpoints(run_dir, config, strategy, evaluator, clients, stats, start)
+    where = checkpoints.restore(resumed) if resumed else {"initial_arrays": p.to_record(initial)}
     result = strategy.start(
         grid=grid,
-        initial_arrays=p.to_record(initial),
         train_config=ConfigRecord(),
         evaluate_config=ConfigRecord(digest_config),
         num_rounds=config.num_server_rounds,
+        timeout=config.round_timeout,
         evaluate_fn=evaluator,
+        after_round=checkpoints,
+        **where,  # the start, or where the checkpoint left off
     )
     summary = _summary(config, result, strategy, evaluator, setup.partition, cache, stats)
     summary["label_noise"] = label_noise_summary(config, clients)
     summary["local_steps"] = config.local_steps or steps or None  # None: epochs of own data
     summary["setup"] = setup.costs.to_dict()
-    summary["head_init"] = start
-    run_name = config.run_name or default_run_name(config.to_dict())
+    summary["head_init"] = checkpoints.head_init
+    if checkpoints.resumes:
+        summary["resumes"] = checkpoints.resumes
     if config.personalization_methods:
         summary["personalization"] = personalize_after(grid, config, clients, result.arrays,
                                                        stats, run_name)
-    summary["total_seconds"] = time.time() - started
-    out = write_run(resolve_path(config.results_dir), run_name, summary)
+    summary["total_seconds"] = checkpoints.seconds_before + time.time() - started
+    out = write_run(resolve_path(config.results_dir), run_name, summary, carry=(CHECKPOINT_FILE,))
     say(INFO, "final accuracy %.4f after %d rounds (%s start %.4f; %s, %s, %s); results in %s",
         summary["final_accuracy"], config.num_server_rounds, config.head_init,
         summary["initial_accuracy"], config.head, config.schedule, config.partition, out)
     return out
+
+
+def resumable(config: RunConfig, run_dir: Path) -> Checkpoint | None:
+    """The checkpoint a `resume` run goes on from (None: start at round 1). Checked before any
+    data is read: the file verifies and is of this run's config."""
+    if not config.resume:
+        return None
+    checkpoint = read_checkpoint(run_dir)
+    if checkpoint is None:
+        say(WARNING, "resume: %s has no checkpoint; the run starts at round 1", run_dir)
+        return None
+    check_resumable(checkpoint, comparable(config.to_dict()), config.num_server_rounds)
+    say(INFO, "resume: going on from round %d of %s", checkpoint.round, run_dir)
+    return checkpoint
+
+
+class Checkpoints:
+    """Writes the run's checkpoint after every `checkpoint-every` rounds (and the last), and
+    turns one back into the state the rounds go on from (`ovalp_flwr.checkpoint`)."""
+
+    def __init__(self, run_dir: Path, config: RunConfig, strategy: Staged,
+                 evaluator: CentralEvaluator, clients: dict[int, dict], stats: NormStats | None,
+                 head_init: dict) -> None:
+        self.run_dir, self.config, self.strategy, self.evaluator = run_dir, config, strategy, evaluator
+        self.clients, self.norm_digest = clients, stats.digest() if stats else None
+        self.head_init = head_init  # what summary.json says of the start (the first process's)
+        self.resumes: list[dict] = []  # {round, at} of each resume, the earliest first
+        self.seconds_before = 0.0  # the run's seconds in the processes before this one
+        self.started = time.time()
+        self._partition: dict[int, int] = {}  # every node seen -> its partition id
+
+    def partition_of(self, node: int) -> int:
+        self._partition.update({n: int(c[p.PARTITION_ID]) for n, c in self.clients.items()})
+        return self._partition[node]
+
+    def node_of(self, partition: int) -> int:
+        """The node holding `partition` now; a stand-in id (negative) while it has none."""
+        holders = {int(c[p.PARTITION_ID]): n for n, c in self.clients.items()}
+        return holders.get(partition, -1 - partition)
+
+    def __call__(self, server_round: int, arrays: ArrayRecord, result: Result) -> None:
+        every, last = self.config.checkpoint_every, self.config.num_server_rounds
+        if not every or (server_round % every and server_round != last):
+            return
+        strategy_arrays, strategy_state = self.strategy.state(self.partition_of)
+        state = {"config": comparable(self.config.to_dict()), "norm_digest": self.norm_digest,
+                 "strategy": strategy_state, "evaluator": self.evaluator.state(),
+                 "result": _history(result), "head_init": self.head_init,
+                 "resumes": self.resumes,
+                 "seconds": self.seconds_before + time.time() - self.started}
+        write_checkpoint(self.run_dir, Checkpoint(server_round, {
+            **pack("global", p.from_record(arrays)), **strategy_arrays}, state))
+
+    def restore(self, checkpoint: Checkpoint) -> dict:
+        """The strategy and evaluator as they were after the checkpoint's round; returns how
+        `Staged.start` goes on. The features must be normalised as they were, and the global
+        head must score what it scored then."""
+        state, k = checkpoint.state, checkpoint.round
+        if state["norm_digest"] != self.norm_digest:
+            raise FederationError(
+                f"resume: the federation's feature statistics ({self.norm_digest}) are not the "
+                f"checkpoint's ({state['norm_digest']}): other nodes or data than at round {k}")
+        self.strategy.restore(checkpoint.arrays, state["strategy"], self.node_of)
+        self.evaluator.restore(state["evaluator"])
+        self.head_init, self.seconds_before = state["head_init"], state["seconds"]
+        self.resumes = [*state["resumes"], {"round": k, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}]
+        arrays = p.to_record(unpack("global", checkpoint.arrays))
+        result = _result(state["result"], arrays)
+        self.evaluator.recheck(k, arrays, float(result.evaluate_metrics_serverapp[k][p.ACCURACY]))
+        return {"initial_arrays": arrays, "resume": result, "first_round": k + 1}
+
+
+def _history(result: Result) -> dict:
+    """The metrics of every round so far, JSON-able."""
+    return {name: {str(r): dict(metrics) for r, metrics in getattr(result, name).items()}
+            for name in HISTORIES}
+
+
+def _result(history: dict, arrays: ArrayRecord) -> Result:
+    """A `Result` back from `_history`, ending at `arrays`."""
+    result = Result(arrays=arrays)
+    for name in HISTORIES:
+        getattr(result, name).update({int(r): MetricRecord(m) for r, m in history[name].items()})
+    return result
+
+
+HISTORIES = ("train_metrics_clientapp", "evaluate_metrics_clientapp", "evaluate_metrics_serverapp")
 
 
 def personalize_after(grid: Grid, config: RunConfig, clients: dict[int, dict],
@@ -125,14 +230,16 @@ def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeature
     secure = config.statistics_aggregation == "secagg+" and bool(request)
     on_describe = not NEEDS_STATS[config.feature_norm] and not secure
     clients = describe_clients(grid, nodes, costs=costs, request=request if on_describe else {},
-                               statistics=summed)
+                               statistics=summed, cache=cache)
     check_feature_space(clients, cache)
     partition = partition_summary(config, clients, cache)
     say(INFO, "partition %s", partition)
     norm = global_stats(config, clients)
     if norm is not None:
-        broadcast_stats(grid, norm, list(clients), costs=costs,
-                        request={} if secure else request, statistics=summed)
+        refused = broadcast_stats(grid, norm, list(clients), costs=costs,
+                                  request={} if secure else request, statistics=summed,
+                                  clients=clients, cache=cache)
+        leave_out(clients, refused)
     if secure:
         summed.add_secure(grid, clients, {**request, p.NORM_DIGEST: norm.digest() if norm else ""},
                           cache.train.x.shape[1], costs)
@@ -245,6 +352,11 @@ def initial_head(config: RunConfig, init: HeadInit, summed: StatisticsSum,
     return {**adapter, "weight": weight, "bias": bias}, info
 
 
+# per-round counts of what went wrong, as the round's line names them
+ROUND_FAULTS = (("clients_failed", "client(s) failed"), ("clients_timed_out", "timed out"),
+                ("clients_rejected", "reply(ies) rejected"))
+
+
 class CentralEvaluator:
     """Scores the global head on the server's test features; remembers when and how long."""
 
@@ -257,23 +369,52 @@ class CentralEvaluator:
         self.domain_names = cache.domain_names if len(cache.domain_names) > 1 else ()
         self.domains = torch.from_numpy(cache.test.domain).to(self.device)
         self.domain_accuracy: dict[int, dict[str, float]] = {}
-        self.seconds: dict[int, float] = {}
+        self.seconds: dict[int, float] = {}  # round -> seconds of its evaluation
+        self.round_seconds: dict[int, float] = {}  # round -> seconds from the last one's end
         self.done_at: dict[int, float] = {}  # round -> when its evaluation ended
         self.config = config
         self.round_info: Callable[[int], dict] = lambda _round: {}  # the strategy's record
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()
-        head = model_from_numpy(p.from_record(arrays), self.device, self.config.adapter_activation)
-        with torch.inference_mode():  # one forward pass for the union and every domain
-            right = head(self.features).argmax(dim=1) == self.labels
+        right = self._right(arrays)
         acc = float(right.float().mean())
         if self.domain_names:
             self.domain_accuracy[server_round] = self._per_domain(right)
-        self.done_at[server_round] = time.perf_counter()
-        self.seconds[server_round] = self.done_at[server_round] - start
+        ended = self.done_at[server_round] = time.perf_counter()
+        self.seconds[server_round] = ended - start
+        if server_round:
+            self.round_seconds[server_round] = ended - self.done_at.get(server_round - 1, ended)
         self._say_round(server_round, acc)
         return MetricRecord({p.ACCURACY: acc})
+
+    def _right(self, arrays: ArrayRecord) -> torch.Tensor:
+        """Which test rows the model predicts right: one forward pass for the union and every
+        domain."""
+        head = model_from_numpy(p.from_record(arrays), self.device, self.config.adapter_activation)
+        with torch.inference_mode():
+            return head(self.features).argmax(dim=1) == self.labels
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the rounds scored so far."""
+        return {"domain_accuracy": self.domain_accuracy, "seconds": self.seconds,
+                "round_seconds": self.round_seconds}
+
+    def restore(self, state: dict) -> None:
+        """Back to `state`; the next round's seconds count from now."""
+        for name in ("domain_accuracy", "seconds", "round_seconds"):
+            setattr(self, name, {int(r): value for r, value in state[name].items()})
+        last = max(self.seconds)
+        self.done_at[last] = time.perf_counter()
+
+    def recheck(self, server_round: int, arrays: ArrayRecord, recorded: float) -> None:
+        """A resumed head must score on this test set what it scored at `server_round`: else
+        the server's data or normalisation changed, and the rounds would not go on the same."""
+        scored = float(self._right(arrays).float().mean())
+        if abs(scored - recorded) * len(self.labels) > 0.5:
+            raise FederationError(f"resume: the checkpoint's head scores {scored:.4f} here but "
+                                  f"{recorded:.4f} at round {server_round}: the server's test "
+                                  "features are not the ones the run was scored on")
 
     def _per_domain(self, right: torch.Tensor) -> dict[str, float]:
         """Accuracy on each domain's test rows, from the rows predicted right (NaN-free: a
@@ -289,12 +430,11 @@ class CentralEvaluator:
         if server_round == 0:
             say(INFO, "%s  %-8s accuracy %.4f", where, "start", acc)
             return
-        ended = self.done_at[server_round]
-        seconds = ended - self.done_at.get(server_round - 1, ended)
-        failed = self.round_info(server_round).get("clients_failed", 0)
+        info = self.round_info(server_round)
+        faults = ", ".join(f"{info[key]} {what}" for key, what in ROUND_FAULTS if info.get(key))
         say(INFO, "%s  stage %d  accuracy %.4f  %5.1f s%s", where,
-            self.config.stage_for_round(server_round), acc, seconds,
-            f"  ({failed} client(s) failed)" if failed else "")
+            self.config.stage_for_round(server_round), acc, self.round_seconds[server_round],
+            f"  ({faults})" if faults else "")
 
 
 def equal_share_steps(config: RunConfig, clients: dict[int, dict]) -> int:
@@ -314,6 +454,23 @@ def equal_share_steps(config: RunConfig, clients: dict[int, dict]) -> int:
     return steps
 
 
+def train_reply_check(config: RunConfig, clients: dict[int, dict], steps: int) -> ReplyCheck:
+    """What a train reply must be (`validation.check_train_reply`): the global model's arrays,
+    finite; the sample count its node described (`clients`, late nodes included); the steps
+    the run's local schedule takes on them."""
+    round_config = {p.LOCAL_STEPS: steps} if steps else {}
+
+    def check(node: int, arrays: dict[str, np.ndarray], metrics: dict,
+              global_arrays: dict[str, np.ndarray]) -> str | None:
+        if node not in clients:
+            return "the node is not in the federation"
+        examples = int(clients[node][p.NUM_EXAMPLES])
+        planned = local_schedule(config, round_config, examples).num_steps(examples)
+        return check_train_reply(arrays, metrics, global_arrays, examples, planned)
+
+    return check
+
+
 def make_strategy(config: RunConfig, **wiring) -> Staged:
     """The run's strategy: FedAvg or FedAdam, with its staging and quantity-skew options."""
     options = dict(
@@ -322,6 +479,7 @@ def make_strategy(config: RunConfig, **wiring) -> Staged:
         fraction_train=config.fraction_train,
         fraction_evaluate=config.fraction_evaluate,
         aggregation_weights=config.aggregation_weights,
+        exclude_after=config.exclude_after_rejections,
         control_variates=(ControlVariates(config.learning_rate)
                           if config.drift_correction == "scaffold" else None),
         **wiring,
@@ -341,7 +499,7 @@ def _summary(config: RunConfig, result: Result, strategy: Staged,
     rounds = [
         {"round": r, "accuracy": accuracies[r], "local_accuracy": local.get(r),
          **strategy.rounds.get(r, {}), "server_eval_seconds": evaluator.seconds[r],
-         "round_seconds": evaluator.done_at[r] - evaluator.done_at[r - 1],
+         "round_seconds": evaluator.round_seconds[r],
          **({"domain_accuracy": evaluator.domain_accuracy[r]} if evaluator.domain_names else {})}
         for r in range(1, last + 1)
     ]
@@ -399,14 +557,21 @@ def exchange(grid: Grid, message_type: str, contents: dict[int, RecordDict],
 
 def describe_clients(grid: Grid, nodes: list[int], check_ids: bool = True,
                      costs: SetupCosts | None = None, request: dict | None = None,
-                     statistics: StatisticsSum | None = None) -> dict[int, dict]:
+                     statistics: StatisticsSum | None = None,
+                     cache: CachedFeatures | None = None) -> dict[int, dict]:
     """Every client's partition id and sample count (plus moments, if the norm needs them, and
-    the class statistics into `statistics`, if `request` asks for them)."""
+    the class statistics into `statistics`, if `request` asks for them). With the server's
+    `cache`, a node whose description is impossible (`setup_refusal`) is left out, warned of."""
     replies = exchange(grid, p.DESCRIBE,
                        {n: RecordDict({p.CONFIG: ConfigRecord(dict(request or {}))}) for n in nodes},
                        costs)
     clients = {}
     for node, content in replies.items():
+        reason = None if cache is None else setup_refusal(content, cache, describe=True)
+        if reason:
+            say(WARNING, "node %s left out of the federation: its %s reply %s", node, p.DESCRIBE,
+                reason)
+            continue
         if statistics is not None:
             statistics.add(content)
         info = dict(content[p.METRICS])
@@ -415,6 +580,7 @@ def describe_clients(grid: Grid, nodes: list[int], check_ids: bool = True,
             info[p.MOMENTS] = p.from_record(content[p.MOMENTS])
         clients[node] = info
     if check_ids:
+        leave_out(clients, [])  # nobody left: one line, not an empty federation
         _check_partition_ids(clients)
     return clients
 
@@ -489,7 +655,7 @@ def late_admitter(cache: CachedFeatures, stats: NormStats | None,
 
     def admit(grid: Grid, new_nodes: list[int]) -> list[int]:
         try:
-            described = describe_clients(grid, new_nodes, check_ids=False)
+            described = describe_clients(grid, new_nodes, check_ids=False, cache=cache)
         except FederationError as err:
             say(WARNING, "late nodes %s not admitted: %s", new_nodes, err)
             return by_partition(clients)
@@ -539,16 +705,56 @@ def global_stats(config: RunConfig, clients: dict[int, dict]) -> NormStats | Non
 
 def broadcast_stats(grid: Grid, stats: NormStats, nodes: list[int],
                     costs: SetupCosts | None = None, request: dict | None = None,
-                    statistics: StatisticsSum | None = None) -> None:
+                    statistics: StatisticsSum | None = None, clients: dict[int, dict] | None = None,
+                    cache: CachedFeatures | None = None) -> list[int]:
     """The global mean/std to every node; their replies carry the class statistics of the
-    normalised features into `statistics` when `request` asks for them."""
+    normalised features into `statistics` when `request` asks for them. Returns the nodes whose
+    statistics are impossible (checked against `clients` and `cache` when given): not added."""
     record = p.to_record({"mean": stats.mean, "std": stats.std})
     config = ConfigRecord(dict(request or {}))
     replies = exchange(grid, p.SET_NORM,
                        {n: RecordDict({p.NORM: record, p.CONFIG: config}) for n in nodes}, costs)
-    if statistics is not None:
-        for content in replies.values():
+    refused = []
+    for node, content in replies.items():
+        reason = None if cache is None or clients is None else setup_refusal(
+            content, cache, examples=int(clients[node][p.NUM_EXAMPLES]))
+        if reason:
+            say(WARNING, "node %s left out of the federation: its %s reply %s", node, p.SET_NORM,
+                reason)
+            refused.append(node)
+        elif statistics is not None:
             statistics.add(content)
+    return refused
+
+
+def setup_refusal(content: RecordDict, cache: CachedFeatures, describe: bool = False,
+                  examples: int | None = None) -> str | None:
+    """Why a set-up reply cannot be used (`validation`), or None: a `describe` reply's counts
+    (no more samples than the dataset, unless the node reads its own data) and moments; the
+    class statistics of either, against the node's described samples."""
+    num_features, reason = cache.train.x.shape[1], None
+    try:
+        if describe:
+            metrics = dict(content[p.METRICS])
+            own = metrics.get(p.OWN_DATA) == 1
+            reason = check_description(metrics, None if own else len(cache.train.y))
+            examples = None if reason else int(metrics[p.NUM_EXAMPLES])
+            if not reason and p.MOMENTS in content:
+                reason = check_moments(p.from_record(content[p.MOMENTS]), num_features)
+        if not reason and p.STATISTICS in content:
+            reason = check_statistics(p.from_record(content[p.STATISTICS]), cache.num_classes,
+                                      num_features, examples or 0)
+    except (KeyError, ValueError, TypeError) as err:
+        return f"is malformed ({type(err).__name__}: {err})"
+    return f"is refused: {reason}" if reason else None
+
+
+def leave_out(clients: dict[int, dict], nodes: list[int]) -> None:
+    """Drop `nodes` from the federation; refuse to go on without anyone."""
+    for node in nodes:
+        clients.pop(node, None)
+    if not clients:
+        raise FederationError("every node was left out of the federation: see the warnings above")
 
 
 def _feature_info(cache: CachedFeatures, stats: NormStats | None) -> dict:

@@ -12,24 +12,34 @@ FedAdam (`StagedFedAvg`, `StagedFedAdam`). Two variants for label skew combined 
 quantity skew (README, "Quantity skew") are options of the mixin: uniform instead of
 sample-weighted averaging, and SCAFFOLD's drift correction with the control variates
 kept on the server (`ControlVariates`).
+
+For faults, the mixin runs Flower's round loop itself (`Staged.start`) so that a run can write
+a checkpoint after each round and go on from one (`ovalp_flwr.checkpoint`), and it screens
+every train reply before the average (`check_reply`, `ovalp_flwr.validation`): a refused reply
+is recorded with its reason and left out, as if it never came.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from logging import INFO
+from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAdam, FedAvg
+from flwr.serverapp.strategy import FedAdam, FedAvg, Result
 from flwr.serverapp.strategy.fedopt import FedOpt
 from flwr.supercore import log
 
+from ovalp_flwr.checkpoint import pack, unpack
 from ovalp_flwr.console import say
-from ovalp_flwr.protocol import (ARRAYS, CORRECTION, LOCAL_STEPS, METRICS, NUM_EXAMPLES, STAGE,
-                                 TRAIN_LOSS, TRAIN_SECONDS, from_record, to_record)
+from ovalp_flwr.protocol import (ACCURACY, ARRAYS, CORRECTION, LOCAL_STEPS, METRICS,
+                                 NUM_EXAMPLES, STAGE, TRAIN_LOSS, TRAIN_SECONDS, from_record,
+                                 to_record)
+
+# (node, arrays, metrics, the global arrays it was sent) -> why the train reply is refused, or None
+ReplyCheck = Callable[[int, dict[str, np.ndarray], dict, dict[str, np.ndarray]], "str | None"]
 
 
 def message_bytes(content: RecordDict) -> int:
@@ -87,6 +97,20 @@ class ControlVariates:
             self.sent[node] = shared if own is None else {k: shared[k] - own[k] for k in keys}
         return self.sent
 
+    def state(self, partition_of: Callable[[int], int]) -> tuple[dict[str, np.ndarray], dict]:
+        """The variates by partition id (node ids change when nodes reconnect): for a checkpoint."""
+        arrays = {f"{partition_of(node)}/{key}": value
+                  for node, (_, variate) in self.clients.items() for key, value in variate.items()}
+        weights = {str(partition_of(node)): weight for node, (weight, _) in self.clients.items()}
+        return arrays, {"stage": self.stage, "weights": weights}
+
+    def restore(self, arrays: dict[str, np.ndarray], state: dict,
+                node_of: Callable[[int], int]) -> None:
+        """Back from `state`, each partition's variate under the node that holds it now."""
+        self.stage = state["stage"]
+        self.clients = {node_of(int(pid)): (weight, unpack(pid, arrays))
+                        for pid, weight in state["weights"].items()}
+
     def update(self, global_arrays: dict[str, np.ndarray], replies: list[Message],
                weight_of: Callable[[Message], float]) -> None:
         """Each trained client's new c_i from its reply."""
@@ -117,13 +141,20 @@ class Staged:
         admit: Callable[[Grid, list[int]], list[int]] | None = None,
         aggregation_weights: str = "samples",
         control_variates: ControlVariates | None = None,
+        check_reply: ReplyCheck | None = None,
+        exclude_after: int = 0,
+        left_out: Iterable[int] = (),
         **strategy_options,
     ) -> None:
         """admit(grid, new_node_ids) -> node ids in sampling order: how nodes that connect
         after the run started join it (the ServerApp describes, checks and briefs them);
         without it, the nodes at the start are the federation for the whole run.
         aggregation_weights: "samples" (FedAvg) or "uniform" (every client with data counts
-        once). strategy_options go to the Flower strategy (e.g. FedAdam's eta)."""
+        once). check_reply(node, arrays, metrics, global_arrays) -> why a train reply is refused,
+        or None (`validation`); left_out: nodes connected at the start but refused by the set-up
+        (not to be admitted later as new ones); exclude_after: a node whose replies were refused that many
+        times is no longer sampled (0: never). strategy_options go to the Flower strategy
+        (e.g. FedAdam's eta)."""
         if aggregation_weights not in ("samples", "uniform"):
             raise ValueError(f"aggregation-weights={aggregation_weights!r} is not allowed; "
                              "choose samples or uniform")
@@ -142,14 +173,87 @@ class Staged:
         self.admit = admit
         self.aggregation_weights = aggregation_weights
         self.variates = control_variates
-        self._seen = set(node_order or [])  # nodes admitted or refused so far
+        self.check_reply = check_reply
+        self.exclude_after = exclude_after
+        self.rejected: dict[int, int] = {}  # node -> replies refused so far
+        self.excluded: set[int] = set()  # nodes no longer sampled: too many refused replies
+        self._seen = set(node_order or []) | set(left_out)  # nodes admitted or refused so far
         self._global: dict[str, np.ndarray] = {}  # the arrays sent this round
         self.extra_train_config = dict(extra_train_config or {})
         self.rounds: dict[int, dict] = {}  # per-round costs, read by the ServerApp
 
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              *, resume: Result | None = None, first_round: int = 1,
+              after_round: Callable[[int, ArrayRecord, Result], None] | None = None) -> Result:
+        """Flower's round loop (`Strategy.start`: train, client-side evaluation, the server's
+        evaluation), with two additions: `after_round(round, arrays, result)` once a round is
+        scored (the run's checkpoint), and a start at `first_round` from `resume`, the result
+        of the rounds before it (then `initial_arrays` are its last round's)."""
+        train_config = train_config or ConfigRecord()
+        evaluate_config = evaluate_config or ConfigRecord()
+        result = resume or Result()
+        arrays = initial_arrays
+        if resume is None and evaluate_fn is not None:
+            self._record(result.evaluate_metrics_serverapp, 0, evaluate_fn(0, arrays))
+        for server_round in range(first_round, num_rounds + 1):
+            log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
+            replies = grid.send_and_receive(
+                self.configure_train(server_round, arrays, train_config, grid), timeout=timeout)
+            new_arrays, train_metrics = self.aggregate_train(server_round, replies)
+            if new_arrays is not None:
+                result.arrays = arrays = new_arrays
+            self._record(result.train_metrics_clientapp, server_round, train_metrics)
+            replies = grid.send_and_receive(
+                self.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout=timeout)
+            self._record(result.evaluate_metrics_clientapp, server_round,
+                         self.aggregate_evaluate(server_round, replies))
+            if evaluate_fn is not None:
+                self._record(result.evaluate_metrics_serverapp, server_round,
+                             evaluate_fn(server_round, arrays))
+            if after_round is not None:
+                after_round(server_round, arrays, result)
+        return result
+
+    @staticmethod
+    def _record(history: dict[int, MetricRecord], server_round: int,
+                metrics: MetricRecord | None) -> None:
+        if metrics is not None:
+            history[server_round] = metrics
+
+    def state(self, partition_of: Callable[[int], int]) -> tuple[dict[str, np.ndarray], dict]:
+        """What a checkpoint needs of the strategy, nodes named by partition id: its per-round
+        records, the control variates, FedAdam's moments, refused and excluded nodes."""
+        arrays: dict[str, np.ndarray] = {}
+        state = {"rounds": self.rounds,
+                 "rejected": {str(partition_of(n)): count for n, count in self.rejected.items()},
+                 "excluded": sorted(partition_of(n) for n in self.excluded)}
+        if self.variates is not None:
+            variates, state["variates"] = self.variates.state(partition_of)
+            arrays.update(pack("variates", variates))
+        if isinstance(self, FedOpt) and self.m_t is not None:
+            arrays.update(pack("fedopt-m", self.m_t))
+            arrays.update(pack("fedopt-v", self.v_t))
+        return arrays, state
+
+    def restore(self, arrays: dict[str, np.ndarray], state: dict,
+                node_of: Callable[[int], int]) -> None:
+        """Back to what `state` saved, each partition's entries under the node holding it now."""
+        self.rounds = {int(r): record for r, record in state["rounds"].items()}
+        self.rejected = {node_of(int(pid)): count for pid, count in state["rejected"].items()}
+        self.excluded = {node_of(pid) for pid in state["excluded"]}
+        if self.variates is not None:
+            self.variates.restore(unpack("variates", arrays), state["variates"], node_of)
+        if isinstance(self, FedOpt) and unpack("fedopt-m", arrays):
+            self.m_t, self.v_t = unpack("fedopt-m", arrays), unpack("fedopt-v", arrays)
+
     def sample(self, grid: Grid, server_round: int, fraction: float, purpose: int) -> list[int]:
         """A seeded subset of the nodes: same seed and round, same clients."""
-        nodes = self.node_order or sorted(grid.get_node_ids())
+        nodes = [n for n in self.node_order or sorted(grid.get_node_ids()) if n not in self.excluded]
+        if not nodes:
+            return []
         count = max(1, int(round(len(nodes) * fraction)))
         if count >= len(nodes):
             return list(nodes)
@@ -224,16 +328,55 @@ class Staged:
         then come out the same under Ray, in deployment and in process, bit for bit."""
         replies = sorted(replies, key=self._position)
         ok = [m for m in replies if not m.has_error()]
-        trained = _with_data(ok)
+        accepted, rejections = self._screen(server_round, ok)
+        trained = _with_data(accepted)
         start = time.perf_counter()
         weighted = [self._reweighted(m) for m in trained]
         arrays, metrics = super().aggregate_train(server_round, weighted) if trained else (None, None)
         if self.variates is not None and trained:
             self.variates.update(self._global, trained, lambda m: _metric(self._reweighted(m), NUM_EXAMPLES))
         record = self.rounds.setdefault(server_round, {})
-        record.update(_reply_costs(ok, trained, len(replies) - len(ok)))
+        record.update(_reply_costs(accepted, trained, len(replies) - len(ok)))
+        record["clients_timed_out"] = record.get("clients_sampled", len(replies)) - len(replies)
+        record["clients_rejected"] = len(rejections)
+        record["rejections"] = rejections
         record["server_aggregate_seconds"] = time.perf_counter() - start
         return arrays, metrics
+
+    def _screen(self, server_round: int, replies: list[Message]) -> tuple[list[Message], list[dict]]:
+        """The replies that pass `check_reply`, and {node, reason} for each one refused. A node's
+        first refusal is logged; after `exclude_after` of them it is no longer sampled."""
+        accepted, rejections = [], []
+        for message in replies:
+            node = message.metadata.src_node_id
+            reason = self._refusal(message)
+            if reason is None:
+                accepted.append(message)
+                continue
+            rejections.append({"node": node, "reason": reason})
+            self.rejected[node] = self.rejected.get(node, 0) + 1
+            if self.rejected[node] == 1:
+                say(WARNING, "round %s: reply of node %s rejected (not averaged): %s",
+                    server_round, node, reason)
+            if self.exclude_after and self.rejected[node] >= self.exclude_after:
+                self.excluded.add(node)
+                say(WARNING, "node %s excluded from sampling after %s rejected replies", node,
+                    self.rejected[node])
+        return accepted, rejections
+
+    def _refusal(self, message: Message) -> str | None:
+        """Why a train reply must not be averaged, or None."""
+        content = message.content
+        if ARRAYS not in content.array_records or METRICS not in content.metric_records:
+            return f"the reply lacks its {ARRAYS!r} or {METRICS!r} record"
+        try:
+            arrays = from_record(content[ARRAYS])
+        except (ValueError, TypeError) as err:
+            return f"its arrays do not deserialize ({err})"
+        if self.check_reply is None:
+            return None
+        return self.check_reply(message.metadata.src_node_id, arrays, dict(content[METRICS]),
+                                self._global)
 
     def _position(self, message: Message) -> tuple[int, int]:
         """Where a reply's node stands in the sampling order (nodes outside it: last)."""
@@ -251,8 +394,8 @@ class Staged:
                        dst_node_id=message.metadata.src_node_id)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Sample-weighted local accuracy over clients that have data."""
-        with_data = _with_data(replies)
+        """Sample-weighted local accuracy over clients that have data (and a plausible score)."""
+        with_data = [m for m in _with_data(replies) if _plausible_score(m)]
         return super().aggregate_evaluate(server_round, with_data) if with_data else None
 
 
@@ -284,7 +427,21 @@ def _reply_costs(ok: list[Message], trained: list[Message], failures: int) -> di
 
 def _with_data(replies: Iterable[Message]) -> list[Message]:
     """Replies that carry no error and at least one example."""
-    return [m for m in replies if not m.has_error() and _metric(m, NUM_EXAMPLES) > 0]
+    return [m for m in replies if not m.has_error() and _examples(m) > 0]
+
+
+def _examples(message: Message) -> float:
+    """The reply's num-examples; 0 when it has none to read (a malformed reply)."""
+    records = message.content.metric_records
+    value = next(iter(records.values())).get(NUM_EXAMPLES) if records else None
+    return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else 0.0
+
+
+def _plausible_score(message: Message) -> bool:
+    """An evaluate reply whose accuracy is a fraction (a wrong one would skew the average)."""
+    accuracy = _metrics(message).get(ACCURACY)
+    return isinstance(accuracy, float) and 0.0 <= accuracy <= 1.0
+
 
 
 class StagedFedAvg(Staged, FedAvg):

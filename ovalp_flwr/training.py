@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,13 @@ class LocalSchedule:
     weight_decay: float = 1e-4
     optimizer: str = "adamw"  # or "sgd"
     steps: int = 0  # > 0: exactly this many steps (reshuffling as needed) instead of epochs
+
+    def num_steps(self, num_examples: int) -> int:
+        """The optimiser steps this schedule takes on `num_examples` rows (what `_batches`
+        yields): the server checks a reply's step count against it."""
+        if num_examples == 0:
+            return 0
+        return self.steps or self.epochs * math.ceil(num_examples / self.batch_size)
 
 
 @dataclass(frozen=True)

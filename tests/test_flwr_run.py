@@ -77,6 +77,21 @@ def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd):
     assert [r["train_loss"] for r in local["rounds"]] == [r["train_loss"] for r in summary["rounds"]]
     assert left_behind(flwr_home) == set(), "the run left Flower/Ray processes behind"
     assert (flwr_home / "config.toml").exists()
+    # resumed through flwr run from its checkpoint, it goes on as a 4-round run would have
+    code = launch.simulate(launch.PROJECT, num_supernodes=4, flwr_home=flwr_home, num_gpus=0.0,
+                           flwr_args=["--run-config", run_config.replace(
+                               "num-server-rounds=2", "num-server-rounds=4") + " resume=true"])
+    output = capfd.readouterr().out
+    assert code == 0, output
+    assert "resume: going on from round 2" in output
+    resumed = read_summary(results_dir / "e2e")
+    whole = read_summary(run_local({"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                                    "results-dir": str(results_dir), "num-server-rounds": 4,
+                                    "run-name": "local4", "partition": "shard"}, 4))
+    assert [(r["accuracy"], r["train_loss"]) for r in resumed["rounds"]] == \
+        [(r["accuracy"], r["train_loss"]) for r in whole["rounds"]]
+    assert [r["round"] for r in resumed["resumes"]] == [2]
+    assert left_behind(flwr_home) == set()
 
 
 def test_flwr_run_with_a_bad_config_fails_with_one_line(tmp_path, capfd):

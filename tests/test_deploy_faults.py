@@ -1,0 +1,129 @@
+"""Faults on a real deployment (SuperLink, SuperNodes and runtimes as processes on loopback): a
+SuperNode that hangs, a ServerApp that is killed, a SuperLink that restarts (README,
+"Reliability")."""
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ovalp_flwr import deploy
+from ovalp_flwr.checkpoint import FILE as CHECKPOINT, read_checkpoint
+from ovalp_flwr.launch import descendants
+from ovalp_flwr.local_grid import run_local
+from ovalp_flwr.results import read_summary
+from test_deploy import wait_for  # tests/ is on sys.path under pytest
+from test_flwr_run import left_behind
+
+pytestmark = pytest.mark.e2e
+
+
+def signal_node(node: deploy.Node, signum: int) -> None:
+    """`signum` to a SuperNode, its ClientApp runtime and every process they started."""
+    for process in node.processes():
+        for pid in [process.pid, *descendants(process.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+
+def start_run(deployment: deploy.Deployment, run_config: str, outcome: dict) -> threading.Thread:
+    runner = threading.Thread(target=lambda: outcome.update(
+        result=deploy.run_app(deployment, deploy.PROJECT, ["--run-config", run_config])))
+    runner.start()
+    return runner
+
+
+def test_a_frozen_supernode_times_out_its_rounds_and_trains_again_once_thawed(tmp_path):
+    """SIGSTOP: alive and connected, never answering (a stuck driver, a laptop asleep). With
+    round-timeout=20 its rounds end without it after 20 s, not Flower's 3600."""
+    flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
+    run_config = (f"encoder='pixels' num-server-rounds=5 partition='iid' run-name='frozen' "
+                  f"round-timeout=20.0 results-dir='{results}' "
+                  f"feature-cache-dir='{tmp_path / 'cache'}'")
+    outcome: dict = {}
+    with deploy.local_deployment(3, flwr_home) as deployment:
+        runner = start_run(deployment, run_config, outcome)
+        node = deployment.nodes[2]
+        wait_for(flwr_home / "deploy" / "supernode-2.log",
+                 r"Receiving: train message.*?Receiving: train message")  # round 2's
+        signal_node(node, signal.SIGSTOP)
+        time.sleep(42)  # two rounds' timeouts; heartbeats would call it offline after ~60 s
+        signal_node(node, signal.SIGCONT)
+        runner.join(timeout=600)
+    code, final_line = outcome["result"]
+    assert code == 0 and final_line.startswith("0."), final_line
+    rounds = read_summary(results / "frozen")["rounds"]
+    assert rounds[0]["clients_trained"] == 3
+    assert rounds[1]["clients_timed_out"] == 1 and rounds[1]["clients_trained"] == 2
+    assert rounds[-1]["clients_trained"] == 3  # thawed, it answers again
+    assert sum(r["clients_timed_out"] for r in rounds) in (2, 3)
+    assert max(r["round_seconds"] for r in rounds) < 40
+    assert left_behind(flwr_home) == set()
+
+
+def checkpoint_round(run_dir: Path) -> int:
+    try:
+        checkpoint = read_checkpoint(run_dir)
+    except Exception:  # noqa: BLE001 - mid-replace on a slow disk: look again
+        return 0
+    return checkpoint.round if checkpoint else 0
+
+
+def wait_for_round(run_dir: Path, server_round: int, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while checkpoint_round(run_dir) < server_round:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no checkpoint of round {server_round} in {run_dir}")
+        time.sleep(0.3)
+
+
+def serverapp_pids(deployment: deploy.Deployment) -> list[int]:
+    found = []
+    for pid in descendants(deployment.server_runtime.pid):
+        with contextlib.suppress(OSError):
+            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
+
+
+def test_a_run_survives_its_serverapp_killed_and_its_superlink_restarted(tmp_path):
+    """Killed after its round-2 checkpoint, resumed; the SuperLink restarted (same
+    `--database`) after round 4, resumed again: the same rounds as the run uninterrupted."""
+    flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
+    options = {"encoder": "pixels", "num-server-rounds": 6, "partition": "shard",
+               "feature-cache-dir": str(tmp_path / "cache"), "results-dir": str(results)}
+    run_config = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                          for k, v in {**options, "run-name": "survivor"}.items())
+    run_dir = results / "survivor"
+    outcomes: list[dict] = [{}, {}, {}]
+    with deploy.local_deployment(3, flwr_home) as deployment:
+        first = start_run(deployment, run_config, outcomes[0])
+        wait_for_round(run_dir, 2)
+        for pid in serverapp_pids(deployment):
+            os.kill(pid, signal.SIGKILL)
+        # at once, as a supervisor would: the SuperLink notices the dead run only after its
+        # heartbeats stop (minutes), and the new run does not wait for that
+        second = start_run(deployment, run_config + " resume=true", outcomes[1])
+        wait_for_round(run_dir, 4)
+        deploy.restart_superlink(deployment)
+        third = start_run(deployment, run_config + " resume=true", outcomes[2])
+        third.join(timeout=600)
+        first.join(timeout=60)
+        second.join(timeout=60)
+    code, final_line = outcomes[2]["result"]
+    assert code == 0 and final_line.startswith("0."), final_line
+    resumed = read_summary(run_dir)
+    assert [r["round"] for r in resumed["resumes"]][:1] == [2]
+    assert resumed["resumes"][-1]["round"] >= 4
+    whole = read_summary(run_local({**options, "run-name": "whole"}, 3))
+    assert [(r["accuracy"], r["train_loss"]) for r in resumed["rounds"]] == \
+        [(r["accuracy"], r["train_loss"]) for r in whole["rounds"]]
+    assert json.loads((run_dir / "summary.json").read_text())["final_accuracy"] == \
+        whole["final_accuracy"]
+    assert (run_dir / CHECKPOINT).exists()
+    assert left_behind(flwr_home) == set()

@@ -1,0 +1,251 @@
+"""Faults a real federation meets, in process: replies that are not what they claim, nodes that
+describe themselves impossibly, nodes that never answer (README, "Reliability")."""
+
+import logging
+
+import numpy as np
+import pytest
+from flwr.app import Error, Message, MetricRecord, RecordDict
+
+import client_app
+from ovalp_flwr import protocol as p
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.local_grid import InProcessGrid, app_config
+from ovalp_flwr.results import read_summary
+from ovalp_flwr.server import run_server
+
+logging.getLogger("flwr").setLevel(logging.WARNING)
+
+BAD_PARTITION = 1
+
+
+def poison(kind: str, content: RecordDict) -> RecordDict:
+    """A train reply turned into one kind of bad reply."""
+    arrays, metrics = p.from_record(content[p.ARRAYS]), dict(content[p.METRICS])
+    arrays = {key: value.copy() for key, value in arrays.items()}
+    if kind == "nan":
+        arrays["weight"][0, 0] = np.nan
+    elif kind == "inf":
+        arrays["bias"][-1] = np.inf
+    elif kind == "shape":
+        arrays["weight"] = np.vstack([arrays["weight"], arrays["weight"][:1]])
+    elif kind == "dtype":
+        arrays["weight"] = arrays["weight"].astype(np.float64)
+    elif kind == "extra-array":
+        arrays["backdoor"] = np.ones(3, np.float32)
+    elif kind == "examples":  # would take the whole FedAvg weight
+        metrics[p.NUM_EXAMPLES] = 10**9
+    elif kind == "steps":  # would blow up its SCAFFOLD variate
+        metrics[p.LOCAL_STEPS] = 1
+    elif kind == "loss":
+        metrics[p.TRAIN_LOSS] = float("nan")
+    elif kind == "no-metrics":
+        return RecordDict({p.ARRAYS: p.to_record(arrays)})
+    return RecordDict({p.ARRAYS: p.to_record(arrays), p.METRICS: MetricRecord(metrics)})
+
+
+# one kind per round, and the words its rejection names
+KINDS = {"nan": "non-finite", "inf": "non-finite", "shape": "expected float32", "dtype": "float64",
+         "extra-array": "extra ['backdoor']", "examples": "but the node described",
+         "steps": "its local schedule takes", "loss": "not a finite number",
+         "no-metrics": "lacks"}
+
+
+class FaultyGrid(InProcessGrid):
+    """One node (partition BAD_PARTITION) misbehaves as `fault(round, message, reply)` says;
+    the timeouts the rounds were given are remembered."""
+
+    def __init__(self, *args, fault, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bad = next(n for n, c in self.contexts.items()
+                        if c.node_config["partition-id"] == BAD_PARTITION)
+        self.fault = fault
+        self.timeouts: list[float | None] = []
+
+    def _deliver(self, message):
+        reply = super()._deliver(message)
+        if message.metadata.dst_node_id != self.bad:
+            return reply
+        return self.fault(message, reply)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        self.timeouts.append(timeout)
+        return [r for r in super().send_and_receive(messages, timeout=timeout) if r is not None]
+
+
+def faulty_run(cache_dir, tmp_path, fault, rounds: int, name: str, **overrides):
+    run_config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                  "results-dir": str(tmp_path / "results"), "num-server-rounds": rounds,
+                  "run-name": name, "partition": "iid", **overrides}
+    grid = FaultyGrid(client_app.app, 4, run_config, fault=fault)
+    return grid, read_summary(run_server(grid, RunConfig.from_mapping(run_config)))
+
+
+def in_training(change):
+    """A fault that touches only train replies: change(round, message, reply)."""
+    def fault(message, reply):
+        if message.metadata.message_type != "train" or reply.has_error():
+            return reply
+        return change(int(message.content[p.CONFIG]["server-round"]), message, reply)
+    return fault
+
+
+def test_every_kind_of_bad_reply_is_rejected_and_leaves_the_global_head_as_if_it_never_came(
+        cache_dir, tmp_path, caplog):
+    kinds = list(KINDS)
+    bad = in_training(lambda r, msg, reply: Message(content=poison(kinds[r - 1], reply.content),
+                                                    reply_to=msg))
+    failed = in_training(lambda r, msg, reply: Message(error=Error(code=0, reason="gone"),
+                                                       reply_to=msg))
+    _, poisoned = faulty_run(cache_dir, tmp_path, bad, len(kinds), "poisoned")
+    _, without = faulty_run(cache_dir, tmp_path, failed, len(kinds), "without")
+    for kind, record in zip(kinds, poisoned["rounds"]):
+        assert (record["clients_trained"], record["clients_rejected"]) == (3, 1), kind
+        assert KINDS[kind] in record["rejections"][0]["reason"], (kind, record["rejections"])
+    # bit for bit the run in which the node's replies never came
+    assert [r["accuracy"] for r in poisoned["rounds"]] == [r["accuracy"] for r in without["rounds"]]
+    assert poisoned["final_accuracy"] > 0.85
+    warned = [r.getMessage() for r in caplog.records if "rejected (not averaged)" in r.getMessage()]
+    assert len(warned) == 1  # once per node
+
+
+def test_a_node_that_keeps_sending_bad_replies_is_excluded_when_asked(cache_dir, tmp_path):
+    nan = in_training(lambda r, msg, reply: Message(content=poison("nan", reply.content),
+                                                    reply_to=msg))
+    _, summary = faulty_run(cache_dir, tmp_path, nan, 4, "excluded",
+                            **{"exclude-after-rejections": 2})
+    assert [(r["clients_sampled"], r["clients_rejected"]) for r in summary["rounds"]] == [
+        (4, 1), (4, 1), (3, 0), (3, 0)]
+
+
+@pytest.mark.parametrize("kind, reason", [
+    ("examples", "more than the dataset's"), ("statistics", "non-finite")])
+def test_a_node_that_describes_itself_impossibly_is_left_out(cache_dir, tmp_path, caplog,
+                                                             kind, reason):
+    def fault(message, reply):
+        content = reply.content
+        if kind == "examples" and message.metadata.message_type == p.DESCRIBE:
+            metrics = dict(content[p.METRICS])
+            metrics[p.NUM_EXAMPLES] = 10**9
+            content = RecordDict({**content, p.METRICS: MetricRecord(metrics)})
+        if kind == "statistics" and p.STATISTICS in content:
+            statistics = p.from_record(content[p.STATISTICS])
+            statistics["sums"][0, 0] = np.nan
+            content = RecordDict({**content, p.STATISTICS: p.to_record(statistics)})
+        return Message(content=content, reply_to=message)
+
+    _, summary = faulty_run(cache_dir, tmp_path, fault, 2, f"setup-{kind}")
+    assert [r["clients_sampled"] for r in summary["rounds"]] == [3, 3]
+    assert summary["head_init"]["clients_sent"] == 3
+    assert summary["final_accuracy"] > 0.85
+    left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(left_out) == 1 and reason in left_out[0]
+
+
+def test_a_node_that_never_answers_is_recorded_as_timed_out_after_the_round_timeout(
+        cache_dir, tmp_path):
+    """The reply is lost as after `round-timeout` seconds (the wait itself is Flower's: the
+    deployment test freezes a real SuperNode)."""
+    hung = in_training(lambda r, msg, reply: None)
+    grid, summary = faulty_run(cache_dir, tmp_path, hung, 2, "hung", **{"round-timeout": 7.5})
+    assert [(r["clients_trained"], r["clients_timed_out"]) for r in summary["rounds"]] == [
+        (3, 1), (3, 1)]
+    # each round's train and evaluate exchanges wait round-timeout; the set-up waits as before
+    assert [t for t in grid.timeouts if t is not None] == [7.5] * 4
+
+
+class ServerDied(Exception):
+    """What the ServerApp process meets when it is killed: nothing after it runs."""
+
+
+def crash_before(server_round: int):
+    """A fault that kills the server as round `server_round`'s train messages go out."""
+    def fault(message, reply):
+        if (message.metadata.message_type == "train"
+                and int(message.content[p.CONFIG]["server-round"]) == server_round):
+            raise ServerDied(f"killed in round {server_round}")
+        return reply
+    return fault
+
+
+class DyingGrid(FaultyGrid):
+    def _deliver(self, message):
+        if message.metadata.dst_node_id == self.bad:
+            return self.fault(message, super(FaultyGrid, self)._deliver(message))
+        return super(FaultyGrid, self)._deliver(message)
+
+    trained_rounds: set[int] = set()  # of every DyingGrid: the rounds whose train messages went out
+
+    def push_messages(self, messages):  # the crash must not become an error reply
+        messages = list(messages)
+        DyingGrid.trained_rounds |= {int(m.content[p.CONFIG]["server-round"]) for m in messages
+                                     if m.metadata.message_type == "train"}
+        for message in messages:
+            if message.metadata.dst_node_id == self.bad:
+                self.fault(message, None)
+        return super().push_messages(messages)
+
+
+def resumable_run(cache_dir, tmp_path, name, fault=None, node_seed=0, **overrides):
+    run_config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                  "results-dir": str(tmp_path / "results"), "num-server-rounds": 6,
+                  "run-name": name, "partition": "shard", **overrides}
+    grid = DyingGrid(client_app.app, 4, run_config, fault=fault or (lambda m, r: r),
+                     seed=node_seed)
+    return read_summary(run_server(grid, RunConfig.from_mapping(run_config)))
+
+
+def global_arrays(tmp_path, name):
+    from ovalp_flwr.checkpoint import read_checkpoint, unpack
+
+    checkpoint = read_checkpoint(tmp_path / "results" / name)
+    return checkpoint.round, unpack("global", checkpoint.arrays)
+
+
+@pytest.mark.parametrize("options", [
+    {},  # the default: SGD + SCAFFOLD (control variates on the server), ridge start
+    {"server-optimizer": "fedadam", "local-optimizer": "adamw", "drift-correction": "none",
+     "head-init": "random", "fraction-train": 0.5},  # FedAdam's moments, sampling
+], ids=["scaffold", "fedadam-sampled"])
+def test_a_run_killed_after_round_3_and_resumed_ends_as_the_uninterrupted_run(
+        cache_dir, tmp_path, options):
+    whole = resumable_run(cache_dir, tmp_path, "whole", **options)
+    with pytest.raises(ServerDied):
+        resumable_run(cache_dir, tmp_path, "killed", fault=crash_before(4), **options)
+    assert global_arrays(tmp_path, "killed")[0] == 3
+    # a new server process, the nodes reconnected under other ids
+    DyingGrid.trained_rounds = set()
+    resumed = resumable_run(cache_dir, tmp_path, "killed", node_seed=9, resume=True, **options)
+    same = ("round", "accuracy", "train_loss", "clients_trained", "bytes_received_per_client")
+    assert [[r[k] for k in same] for r in resumed["rounds"]] == \
+        [[r[k] for k in same] for r in whole["rounds"]]
+    assert resumed["initial_accuracy"] == whole["initial_accuracy"]
+    assert resumed["resumes"][0]["round"] == 3 and "resumes" not in whole
+    assert DyingGrid.trained_rounds == {4, 5, 6}  # rounds 1-3 were not trained again
+    (_, a), (_, b) = global_arrays(tmp_path, "whole"), global_arrays(tmp_path, "killed")
+    assert all(np.array_equal(a[key], b[key]) for key in a)
+
+
+def test_a_resume_refuses_another_config_and_a_corrupted_checkpoint(cache_dir, tmp_path):
+    from ovalp_flwr.config import ConfigError
+
+    resumable_run(cache_dir, tmp_path, "done", **{"num-server-rounds": 2})
+    with pytest.raises(ConfigError, match=r"learning-rate=0\.5 .*checkpoint to resume has "
+                                          r"learning-rate=0\.05"):
+        resumable_run(cache_dir, tmp_path, "done", resume=True, **{"learning-rate": 0.5})
+    # a finished run resumed with more rounds goes on; with as many it only rewrites its results
+    longer = resumable_run(cache_dir, tmp_path, "done", resume=True, **{"num-server-rounds": 3})
+    assert [r["round"] for r in longer["rounds"]] == [1, 2, 3]
+    path = tmp_path / "results" / "done" / "checkpoint.safetensors"
+    blob = bytearray(path.read_bytes())
+    blob[-1] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    with pytest.raises(ConfigError, match="sha256 mismatch"):
+        resumable_run(cache_dir, tmp_path, "done", resume=True, **{"num-server-rounds": 3})
+
+
+def test_resume_needs_a_run_name():
+    from ovalp_flwr.config import ConfigError
+
+    with pytest.raises(ConfigError, match="resume=True .*set run-name"):
+        RunConfig.from_mapping({**app_config(), "resume": True})
