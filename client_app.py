@@ -3,9 +3,11 @@
 from flwr.clientapp import ClientApp
 
 from ovalp_flwr import client
+from ovalp_flwr.chaos import chaos_mod
 
 app = ClientApp()
-app.train(mods=[client.secure_statistics_mod])(client.train)
+# chaos_mod: only on nodes whose --node-config names a `chaos` kind (fault rehearsals)
+app.train(mods=[chaos_mod, client.secure_statistics_mod])(client.train)
 app.evaluate()(client.evaluate)
 app.query("describe")(client.describe)
 app.query("set_norm")(client.set_norm)

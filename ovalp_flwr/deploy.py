@@ -176,7 +176,8 @@ def register_supernode(deployment: Deployment, public_key: Path) -> str:
 
 def start_supernode(deployment: Deployment, partition_id: int, num_partitions: int,
                     node_dir: str | None, cwd: Path = PROJECT, private_key: Path | None = None,
-                    register: bool = True, log_stem: str | None = None) -> Node:
+                    register: bool = True, log_stem: str | None = None,
+                    extra_config: str = "") -> Node:
     """One more SuperNode (also for a node that joins a running federation late), with its
     ClientApp runtime under process isolation.
 
@@ -184,7 +185,8 @@ def start_supernode(deployment: Deployment, partition_id: int, num_partitions: i
     `supernode-<partition_id>` under the deployment's certs, made if missing), whose public
     half is registered first unless `register=False` (a node the SuperLink must refuse).
     Logs: `<flwr-home>/deploy/<log_stem>.log` (default `supernode-<i>`) and, for the runtime,
-    `<log_stem>-clientapp.log`.
+    `<log_stem>-clientapp.log`. `extra_config`: more `--node-config` entries (e.g. `chaos='nan'`,
+    `ovalp_flwr.chaos`).
     """
     if deployment.secure:
         assert deployment.certs is not None
@@ -196,8 +198,8 @@ def start_supernode(deployment: Deployment, partition_id: int, num_partitions: i
             register_supernode(deployment, private_key.with_name(private_key.name + ".pub"))
     port = free_port()  # the node's runtime API, where its ClientApp runtime attaches
     cache = deployment.flwr_home / "nodes" / str(partition_id) / "cache"
-    command = supernode_command(deployment.address, port, deployment.isolation,
-                                node_config(partition_id, num_partitions, node_dir, cache),
+    config = " ".join([node_config(partition_id, num_partitions, node_dir, cache), extra_config])
+    command = supernode_command(deployment.address, port, deployment.isolation, config.strip(),
                                 deployment.certs, private_key)
     name = log_stem or f"supernode-{partition_id}"
     logs = deployment.flwr_home / "deploy"

@@ -9,6 +9,7 @@ from flwr.app import Error, Message, MetricRecord, RecordDict
 
 import client_app
 from ovalp_flwr import protocol as p
+from ovalp_flwr.chaos import KINDS as CHAOS_KINDS, corrupt
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.local_grid import InProcessGrid, app_config
 from ovalp_flwr.results import read_summary
@@ -19,33 +20,8 @@ logging.getLogger("flwr").setLevel(logging.WARNING)
 BAD_PARTITION = 1
 
 
-def poison(kind: str, content: RecordDict) -> RecordDict:
-    """A train reply turned into one kind of bad reply."""
-    arrays, metrics = p.from_record(content[p.ARRAYS]), dict(content[p.METRICS])
-    arrays = {key: value.copy() for key, value in arrays.items()}
-    if kind == "nan":
-        arrays["weight"][0, 0] = np.nan
-    elif kind == "inf":
-        arrays["bias"][-1] = np.inf
-    elif kind == "shape":
-        arrays["weight"] = np.vstack([arrays["weight"], arrays["weight"][:1]])
-    elif kind == "dtype":
-        arrays["weight"] = arrays["weight"].astype(np.float64)
-    elif kind == "extra-array":
-        arrays["backdoor"] = np.ones(3, np.float32)
-    elif kind == "examples":  # would take the whole FedAvg weight
-        metrics[p.NUM_EXAMPLES] = 10**9
-    elif kind == "steps":  # would blow up its SCAFFOLD variate
-        metrics[p.LOCAL_STEPS] = 1
-    elif kind == "loss":
-        metrics[p.TRAIN_LOSS] = float("nan")
-    elif kind == "no-metrics":
-        return RecordDict({p.ARRAYS: p.to_record(arrays)})
-    return RecordDict({p.ARRAYS: p.to_record(arrays), p.METRICS: MetricRecord(metrics)})
-
-
 # one kind per round, and the words its rejection names
-KINDS = {"nan": "non-finite", "inf": "non-finite", "shape": "expected float32", "dtype": "float64",
+REASONS = {"nan": "non-finite", "inf": "non-finite", "shape": "expected float32", "dtype": "float64",
          "extra-array": "extra ['backdoor']", "examples": "but the node described",
          "steps": "its local schedule takes", "loss": "not a finite number",
          "no-metrics": "lacks"}
@@ -73,11 +49,12 @@ class FaultyGrid(InProcessGrid):
         return [r for r in super().send_and_receive(messages, timeout=timeout) if r is not None]
 
 
-def faulty_run(cache_dir, tmp_path, fault, rounds: int, name: str, **overrides):
+def faulty_run(cache_dir, tmp_path, fault, rounds: int, name: str, node_configs=None,
+               **overrides):
     run_config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
                   "results-dir": str(tmp_path / "results"), "num-server-rounds": rounds,
                   "run-name": name, "partition": "iid", **overrides}
-    grid = FaultyGrid(client_app.app, 4, run_config, fault=fault)
+    grid = FaultyGrid(client_app.app, 4, run_config, fault=fault, node_configs=node_configs)
     return grid, read_summary(run_server(grid, RunConfig.from_mapping(run_config)))
 
 
@@ -92,8 +69,9 @@ def in_training(change):
 
 def test_every_kind_of_bad_reply_is_rejected_and_leaves_the_global_head_as_if_it_never_came(
         cache_dir, tmp_path, caplog):
-    kinds = list(KINDS)
-    bad = in_training(lambda r, msg, reply: Message(content=poison(kinds[r - 1], reply.content),
+    kinds = list(REASONS)
+    assert kinds == list(CHAOS_KINDS)
+    bad = in_training(lambda r, msg, reply: Message(content=corrupt(kinds[r - 1], reply.content),
                                                     reply_to=msg))
     failed = in_training(lambda r, msg, reply: Message(error=Error(code=0, reason="gone"),
                                                        reply_to=msg))
@@ -101,7 +79,7 @@ def test_every_kind_of_bad_reply_is_rejected_and_leaves_the_global_head_as_if_it
     _, without = faulty_run(cache_dir, tmp_path, failed, len(kinds), "without")
     for kind, record in zip(kinds, poisoned["rounds"]):
         assert (record["clients_trained"], record["clients_rejected"]) == (3, 1), kind
-        assert KINDS[kind] in record["rejections"][0]["reason"], (kind, record["rejections"])
+        assert REASONS[kind] in record["rejections"][0]["reason"], (kind, record["rejections"])
     # bit for bit the run in which the node's replies never came
     assert [r["accuracy"] for r in poisoned["rounds"]] == [r["accuracy"] for r in without["rounds"]]
     assert poisoned["final_accuracy"] > 0.85
@@ -110,10 +88,10 @@ def test_every_kind_of_bad_reply_is_rejected_and_leaves_the_global_head_as_if_it
 
 
 def test_a_node_that_keeps_sending_bad_replies_is_excluded_when_asked(cache_dir, tmp_path):
-    nan = in_training(lambda r, msg, reply: Message(content=poison("nan", reply.content),
-                                                    reply_to=msg))
-    _, summary = faulty_run(cache_dir, tmp_path, nan, 4, "excluded",
-                            **{"exclude-after-rejections": 2})
+    """The bad node is the ClientApp's own chaos mod (`--node-config "chaos='nan'"`)."""
+    chaos = [{"chaos": "nan"} if i == BAD_PARTITION else {} for i in range(4)]
+    _, summary = faulty_run(cache_dir, tmp_path, lambda message, reply: reply, 4, "excluded",
+                            node_configs=chaos, **{"exclude-after-rejections": 2})
     assert [(r["clients_sampled"], r["clients_rejected"]) for r in summary["rounds"]] == [
         (4, 1), (4, 1), (3, 0), (3, 0)]
 
