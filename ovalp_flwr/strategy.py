@@ -220,7 +220,9 @@ class Staged:
     @staticmethod
     def _record(history: dict[int, MetricRecord], server_round: int,
                 metrics: MetricRecord | None) -> None:
+        """Keep and log a round's metrics, as Flower's loop does (its lines go to the run log)."""
         if metrics is not None:
+            log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
             history[server_round] = metrics
 
     def state(self, partition_of: Callable[[int], int]) -> tuple[dict[str, np.ndarray], dict]:
