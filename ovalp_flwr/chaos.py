@@ -3,11 +3,14 @@
 A SuperNode started with `--node-config "... chaos='nan'"` sends every train reply as that kind
 of bad reply (`KINDS`): what a broken or hostile client would send. The server must reject
 each one and leave the global head as if it never came (README, "Reliability"); a node
-without the key is untouched. The in-process tests use the same corruptions.
+without the key is untouched. Simulated nodes have no config of their own: there the
+environment variable `OVALP_CHAOS=<kind>@<partition-id>` picks the node (it reaches Ray's
+workers). The in-process tests use the same corruptions.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -16,6 +19,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from ovalp_flwr import protocol as p
 
 CHAOS_KEY = "chaos"  # the node-config key
+CHAOS_ENV = "OVALP_CHAOS"  # <kind>@<partition-id>, for simulations
 
 
 def _nan(arrays: dict, metrics: dict) -> None:
@@ -71,10 +75,25 @@ def corrupt(kind: str, content: RecordDict) -> RecordDict:
     return RecordDict({p.ARRAYS: p.to_record(arrays), p.METRICS: MetricRecord(metrics)})
 
 
+def chaos_kind(context: Context) -> str | None:
+    """The kind of bad reply this node sends: its node config's, else `OVALP_CHAOS`'s if that
+    names its partition; None for a well-behaved node."""
+    if context.node_config.get(CHAOS_KEY):
+        return str(context.node_config[CHAOS_KEY])
+    spec = os.environ.get(CHAOS_ENV, "")
+    if not spec:
+        return None
+    kind, at, partition = spec.partition("@")
+    if not at or not partition.isdigit():
+        raise ValueError(f"{CHAOS_ENV}={spec!r} is not allowed; use <kind>@<partition-id>, "
+                         f"a kind from: {', '.join(KINDS)}")
+    return kind if str(context.node_config.get("partition-id")) == partition else None
+
+
 def chaos_mod(msg: Message, context: Context, call_next) -> Message:
-    """Train replies of a node whose config names a `chaos` kind, corrupted that way."""
+    """Train replies of a node that `chaos_kind` names, corrupted that way."""
     reply = call_next(msg, context)
-    kind = context.node_config.get(CHAOS_KEY)
+    kind = chaos_kind(context)
     if not kind or reply.has_error() or p.ARRAYS not in reply.content.array_records:
         return reply  # SecAgg+'s statistics exchanges ride on train messages too: untouched
     return Message(content=corrupt(str(kind), reply.content), reply_to=msg)

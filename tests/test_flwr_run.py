@@ -45,7 +45,10 @@ def left_behind(flwr_home: Path, grace: float = 10.0) -> set[int]:
 LINES_BESIDES_ROUNDS = 12
 
 
-def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd):
+def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd, monkeypatch):
+    """Partition 1 sends NaN in every train reply (`OVALP_CHAOS`, here and in process): the
+    server rejects them on Ray as in process."""
+    monkeypatch.setenv("OVALP_CHAOS", "nan@1")
     cache_dir, results_dir = tmp_path / "cache", tmp_path / "results"
     load_or_build("digits", "pixels", cache_dir, progress=False)
     run_config = (f"encoder='pixels' feature-cache-dir='{cache_dir}' results-dir='{results_dir}' "
@@ -63,6 +66,8 @@ def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd):
     assert "Aggregated MetricRecord" in next(logged).read_text()  # Flower's lines: in the log
     summary = json.loads((results_dir / "e2e" / "summary.json").read_text())
     assert [r["round"] for r in summary["rounds"]] == [1, 2]
+    assert [(r["clients_trained"], r["clients_rejected"]) for r in summary["rounds"]] == [(3, 1)] * 2
+    assert "non-finite" in summary["rounds"][0]["rejections"][0]["reason"]
     assert summary["num_clients"] == 4
     assert [r["stage"] for r in summary["rounds"]] == [1, 2]
     assert summary["final_accuracy"] > 0.8  # 10 classes: chance is 0.1
