@@ -72,11 +72,11 @@ def read_checkpoint(run_dir: Path) -> Checkpoint | None:
 
 
 def check_resumable(checkpoint: Checkpoint, config: dict[str, Any], num_rounds: int) -> None:
-    """The checkpoint must be of this run: the same config, bar `MAY_CHANGE`, and no more
-    rounds than the run asks for."""
+    """The checkpoint must be of this run: the same config (both `comparable`: bar
+    `MAY_CHANGE`), and no more rounds than the run asks for."""
     saved = checkpoint.state["config"]
     for key in sorted(set(saved) | set(config)):
-        if key not in MAY_CHANGE and saved.get(key) != config.get(key):
+        if saved.get(key) != config.get(key):
             raise ConfigError(key, config.get(key),
                               f"the checkpoint to resume has {key}={saved.get(key)!r} (round "
                               f"{checkpoint.round}); resume with the run's own config, or drop "

@@ -53,9 +53,9 @@ def write_run(results_dir: Path, run_name: str, summary: dict[str, Any],
     staging = results_dir / f".{run_name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    for name in carry:
+    for name in carry:  # a hard link: the file is replaced whole, never written in place
         if (final / name).is_file():
-            shutil.copy2(final / name, staging / name)
+            os.link(final / name, staging / name)
     write_durably(staging / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
     write_durably(staging / "rounds.csv", _rounds_csv(summary["rounds"]))
     write_durably(staging / PLOT_FILE, plot_run(summary, iid_twin(results_dir, summary)))

@@ -138,18 +138,13 @@ class Checkpoints:
         self._partition: dict[int, int] = {}  # every node seen -> its partition id
 
     def partition_of(self, node: int) -> int:
-        self._partition.update({n: int(c[p.PARTITION_ID]) for n, c in self.clients.items()})
         return self._partition[node]
-
-    def node_of(self, partition: int) -> int:
-        """The node holding `partition` now; a stand-in id (negative) while it has none."""
-        holders = {int(c[p.PARTITION_ID]): n for n, c in self.clients.items()}
-        return holders.get(partition, -1 - partition)
 
     def __call__(self, server_round: int, arrays: ArrayRecord, result: Result) -> None:
         every, last = self.config.checkpoint_every, self.config.num_server_rounds
         if not every or (server_round % every and server_round != last):
             return
+        self._partition.update({n: int(c[p.PARTITION_ID]) for n, c in self.clients.items()})
         strategy_arrays, strategy_state = self.strategy.state(self.partition_of)
         state = {"config": comparable(self.config.to_dict()), "norm_digest": self.norm_digest,
                  "strategy": strategy_state, "evaluator": self.evaluator.state(),
@@ -168,7 +163,10 @@ class Checkpoints:
             raise FederationError(
                 f"resume: the federation's feature statistics ({self.norm_digest}) are not the "
                 f"checkpoint's ({state['norm_digest']}): other nodes or data than at round {k}")
-        self.strategy.restore(checkpoint.arrays, state["strategy"], self.node_of)
+        holders = {int(c[p.PARTITION_ID]): n for n, c in self.clients.items()}
+        # a partition without a node now keeps its entries under a stand-in (negative) id
+        self.strategy.restore(checkpoint.arrays, state["strategy"],
+                              lambda partition: holders.get(partition, -1 - partition))
         self.evaluator.restore(state["evaluator"])
         self.head_init, self.seconds_before = state["head_init"], state["seconds"]
         self.resumes = [*state["resumes"], {"round": k, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}]

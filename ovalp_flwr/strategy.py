@@ -151,10 +151,10 @@ class Staged:
         without it, the nodes at the start are the federation for the whole run.
         aggregation_weights: "samples" (FedAvg) or "uniform" (every client with data counts
         once). check_reply(node, arrays, metrics, global_arrays) -> why a train reply is refused,
-        or None (`validation`); left_out: nodes connected at the start but refused by the set-up
-        (not to be admitted later as new ones); exclude_after: a node whose replies were refused that many
-        times is no longer sampled (0: never). strategy_options go to the Flower strategy
-        (e.g. FedAdam's eta)."""
+        or None (`validation`); exclude_after: a node whose replies were refused that many times
+        is no longer sampled (0: never); left_out: nodes connected at the start but refused by
+        the set-up (not to be admitted later as new ones). strategy_options go to the Flower
+        strategy (e.g. FedAdam's eta)."""
         if aggregation_weights not in ("samples", "uniform"):
             raise ValueError(f"aggregation-weights={aggregation_weights!r} is not allowed; "
                              "choose samples or uniform")
@@ -338,7 +338,7 @@ class Staged:
         if self.variates is not None and trained:
             self.variates.update(self._global, trained, lambda m: _metric(self._reweighted(m), NUM_EXAMPLES))
         record = self.rounds.setdefault(server_round, {})
-        record.update(_reply_costs(accepted, trained, len(replies) - len(ok)))
+        record.update(_reply_costs(ok, trained, len(replies) - len(ok)))  # rejected: replied
         record["clients_timed_out"] = record.get("clients_sampled", len(replies)) - len(replies)
         record["clients_rejected"] = len(rejections)
         record["rejections"] = rejections
