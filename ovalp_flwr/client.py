@@ -47,6 +47,10 @@ def describe(msg: Message, context: Context) -> Message:
     (if the normalisation needs them) its feature moments. A node with its own data builds its
     cache here, on the run's first message. If the server asks (a start from statistics under a
     normalisation that needs no global statistics), its class statistics too."""
+    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
+        from ovalp_flwr.finetune import client as finetune
+
+        return finetune.describe(msg, context)
     config = RunConfig.from_mapping(context.run_config)
     partition_id, num_partitions = node_partition(context)
     rows = _rows(config, context)
@@ -130,6 +134,10 @@ def _statistics_fitres(msg: Message, context: Context) -> Message:
 
 def train(msg: Message, context: Context) -> Message:
     """One local round at the stage the server sent."""
+    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
+        from ovalp_flwr.finetune import client as finetune
+
+        return finetune.train(msg, context)
     config = RunConfig.from_mapping(context.run_config)
     round_config = msg.content[p.CONFIG]
     server_round = int(round_config["server-round"])

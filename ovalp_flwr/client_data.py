@@ -61,6 +61,13 @@ class FeatureSource:
     data_dir: str  # "" = $OVALP_DATA_DIR, else ../shared/data
     own_data: bool  # the node config chose the data dir or cache dir: not the run's shared cache
     device: str = "auto"  # where a missing cache is built; not part of what is read
+    limit_per_class: int | None = None  # the first N samples of each class per split
+    image_size: int | None = None  # None: the encoder's default input size
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """What picks the cache besides dataset and encoder (`cache.cache_path`'s marks)."""
+        return {"limit_per_class": self.limit_per_class, "image_size": self.image_size}
 
 
 def feature_source(config: RunConfig, node_config: Mapping[str, Any] | None = None) -> FeatureSource:
@@ -79,6 +86,7 @@ def feature_source(config: RunConfig, node_config: Mapping[str, Any] | None = No
         data_dir=node.get("data-dir", config.data_dir),
         own_data=any(key in node for key in NODE_PATH_KEYS),
         device=config.device,
+        **config.cache_options(),
     )
 
 
@@ -86,7 +94,7 @@ def feature_source(config: RunConfig, node_config: Mapping[str, Any] | None = No
 def node_features(source: FeatureSource) -> CachedFeatures:
     """The verified cache; built here first if this node has none yet (own data, first run)."""
     return load_or_build(source.dataset, source.encoder, resolve_path(source.cache_dir),
-                         data_dir=source.data_dir or None, device=source.device)
+                         data_dir=source.data_dir or None, device=source.device, **source.options)
 
 
 def partition_spec(config: RunConfig) -> PartitionSpec:
@@ -145,10 +153,10 @@ def node_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec, part
     if not source.own_data:
         return _rows_from_cache(source, spec, noise, partition_id, num_partitions)
     node_features_dir = resolve_path(source.cache_dir)
-    folder = cache_path(node_features_dir, source.dataset, source.encoder)
+    folder = cache_path(node_features_dir, source.dataset, source.encoder, **source.options)
     if not folder.exists():
         node_features(source)  # first run on this node: build its cache
-    manifest = read_manifest(node_features_dir, source.dataset, source.encoder)
+    manifest = read_manifest(node_features_dir, source.dataset, source.encoder, **source.options)
     request = {"partition": asdict(spec), "noise": asdict(noise), "partition_id": partition_id,
                "num_partitions": num_partitions, "train_sha256": manifest["splits"]["train"]["sha256"]}
     path = _rows_path(folder, request)

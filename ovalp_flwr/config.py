@@ -25,6 +25,7 @@ SERVER_OPTIMIZERS = ("fedavg", "fedadam")
 HEAD_INITS = ("random", "zeros", "class-means", "ridge")  # ovalp_flwr.head_init
 STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.secure_sum
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.model
+FINETUNES = ("none", "lp", "fedavg-lora", "flora", "full")  # ovalp_flwr.finetune
 PFT_PREFIX = "pft."  # pft.<method>.<hyperparameter>: a personalization method's own knobs
 # the knobs every method shares (personalize.base.FineTuning) and their run-config keys
 SHARED_PFT = {"epochs": "pft-epochs", "learning-rate": "pft-learning-rate",
@@ -121,6 +122,16 @@ class RunConfig:
     # then adapter-activation) under the heads, trained federatedly with them (ovalp_flwr.model)
     adapter_dim: int = 0
     adapter_activation: str = "relu"
+    # what the data is: the first N samples of each class per split (0: all) and the image
+    # side in pixels (0: the encoder's default); both paths read the same (cache marks @limitN, @Npx)
+    limit_per_class: int = 0
+    image_size: int = 0
+    # train through the encoder on raw data instead of heads on cached features (README,
+    # "Fine-tuning the encoder", ovalp_flwr.finetune): none (the cache: OvA-LP), lp (heads
+    # only, through the frozen encoder), fedavg-lora, flora, full; LoRA's rank and alpha
+    finetune: str = "none"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
     # personalization after the last round (README, "Personalization"): the methods each
     # client runs on the final global model (ovalp_flwr.personalize), space-separated; "" = none
     personalize: str = ""
@@ -172,6 +183,11 @@ class RunConfig:
         own = {key.split(".", 1)[1]: value for key, value in self.pft
                if key.split(".", 1)[0] == method}
         return {**shared, **own}
+
+    def cache_options(self) -> dict[str, int | None]:
+        """`limit-per-class` and `image-size` as the cache and the data loaders take them."""
+        return {"limit_per_class": self.limit_per_class or None,
+                "image_size": self.image_size or None}
 
     @property
     def stages(self) -> bool:
@@ -236,6 +252,38 @@ class RunConfig:
                 raise ConfigError(key, name, "use a plain name without '/' or a leading '.'")
         self._check_dataset_and_encoder()
         self._check_model_and_personalization()
+        self._check_finetune()
+
+    def _check_finetune(self) -> None:
+        """The encoder path's method and its limits: no closed-form start (no cached
+        statistics), no adapter, no SCAFFOLD under FLoRA (its LoRA restarts every round)."""
+        _one_of("finetune", self.finetune, FINETUNES)
+        _at_least("limit-per-class", self.limit_per_class, 0)
+        _at_least("image-size", self.image_size, 0)
+        _at_least("lora-rank", self.lora_rank, 1)
+        _positive("lora-alpha", self.lora_alpha)
+        if self.finetune == "none":
+            return
+        if self.head_init not in ("random", "zeros"):
+            raise ConfigError("head-init", self.head_init, f"finetune={self.finetune!r} trains "
+                              "on raw data, without the cached statistics a closed-form start "
+                              "needs; use random or zeros")
+        if self.adapter_dim:
+            raise ConfigError("adapter-dim", self.adapter_dim, f"finetune={self.finetune!r} "
+                              "trains the encoder itself; use 0")
+        if "feature-skew" in (self.partition, self.within_domain):
+            raise ConfigError("partition", self.partition, "feature-skew partitions by cached "
+                              "features; with finetune use another partition")
+        if self.finetune == "flora" and self.drift_correction != "none":
+            raise ConfigError("drift-correction", self.drift_correction, "FLoRA starts fresh "
+                              "LoRA modules every round, so there is no drift to correct; use none")
+        not_yet = {"server-optimizer": (self.server_optimizer, "fedavg", "fedavg"),
+                   "fraction-evaluate": (self.fraction_evaluate, 0.0, "0 (the server evaluates)"),
+                   "resume": (self.resume, False, "false (no checkpoints on this path yet)"),
+                   "personalize": (self.personalize, "", '"" (not on this path yet)')}
+        for key, (value, allowed, say) in not_yet.items():
+            if value != allowed:
+                raise ConfigError(key, value, f"with finetune={self.finetune!r} use {say}")
 
     def _written_key(self, key: str) -> str:
         """The key a user wrote for a method's knob: `pft.<method>.<name>`, or the shared
@@ -292,6 +340,9 @@ class RunConfig:
             raise ConfigError("dataset", self.dataset, str(err).split("; ", 1)[-1]) from None
         if self.encoder not in ENCODERS:
             raise ConfigError("encoder", self.encoder, f"choose one of: {', '.join(ENCODERS)}")
+        if self.image_size and reads != "image":
+            raise ConfigError("image-size", self.image_size,
+                              f"dataset {self.dataset!r} is {reads}; use 0")
         if encoder_modality(self.encoder) != reads:
             fitting = [name for name in ENCODERS if encoder_modality(name) == reads]
             raise ConfigError("encoder", self.encoder,

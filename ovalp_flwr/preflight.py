@@ -83,7 +83,7 @@ def check_data(config: RunConfig, app: Path) -> None:
 
     cache_dir = Path(config.feature_cache_dir)
     cache_dir = cache_dir if cache_dir.is_absolute() else app / cache_dir
-    if cache_path(cache_dir, config.dataset, config.encoder).exists():
+    if cache_path(cache_dir, config.dataset, config.encoder, **config.cache_options()).exists():
         try:  # the ServerApp's own check (manifest, sizes, hashes): under a second
             load_features(config.dataset, config.encoder, cache_dir)
         except CacheError as err:

@@ -52,12 +52,17 @@ from ovalp_flwr.validation import (check_description, check_moments, check_stati
 
 def run_server(grid: Grid, config: RunConfig) -> Path:
     """One OvA-LP (or LP-softmax) run; returns its results folder."""
+    if config.finetune != "none":  # through the encoder, on raw data
+        from ovalp_flwr.finetune.server import run_finetune
+
+        return run_finetune(grid, config)
     started = time.time()
     run_name = config.run_name or default_run_name(config.to_dict())
     run_dir = resolve_path(config.results_dir) / run_name
     resumed = resumable(config, run_dir)
     cache = load_or_build(config.dataset, config.encoder, resolve_path(config.feature_cache_dir),
-                          data_dir=config.data_dir or None, device=config.device)
+                          data_dir=config.data_dir or None, device=config.device,
+                          **config.cache_options())
     nodes = wait_for_nodes(grid)
     check_num_clients(len(nodes), len(cache.train.y))  # nodes with own data check theirs
     init = make_head_init(config.head_init, config.ridge_lambda)
@@ -90,7 +95,8 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
         after_round=checkpoints,
         **where,  # the start, or where the checkpoint left off
     )
-    summary = _summary(config, result, strategy, evaluator, setup.partition, cache, stats)
+    summary = _summary(config, result, strategy, evaluator, setup.partition,
+                       _feature_info(cache, stats))
     summary["label_noise"] = label_noise_summary(config, clients)
     summary["local_steps"] = config.local_steps or steps or None  # None: epochs of own data
     summary["setup"] = setup.costs.to_dict()
@@ -469,8 +475,10 @@ def train_reply_check(config: RunConfig, clients: dict[int, dict], steps: int) -
     return check
 
 
-def make_strategy(config: RunConfig, **wiring) -> Staged:
-    """The run's strategy: FedAvg or FedAdam, with its staging and quantity-skew options."""
+def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | None = None,
+                  **wiring) -> Staged:
+    """The run's strategy: FedAvg or FedAdam, with its staging and quantity-skew options (or
+    `strategy_class` with those options: FLoRA's)."""
     options = dict(
         stage_for_round=config.stage_for_round,
         seed=config.seed,
@@ -482,14 +490,15 @@ def make_strategy(config: RunConfig, **wiring) -> Staged:
                           if config.drift_correction == "scaffold" else None),
         **wiring,
     )
+    if strategy_class is not None:
+        return strategy_class(**options)
     if config.server_optimizer == "fedadam":
         return StagedFedAdam(eta=config.server_learning_rate, eta_l=config.learning_rate, **options)
     return StagedFedAvg(**options)
 
 
 def _summary(config: RunConfig, result: Result, strategy: Staged,
-             evaluator: CentralEvaluator, partition: PartitionSummary, cache: CachedFeatures,
-             stats: NormStats | None) -> dict:
+             evaluator: CentralEvaluator, partition: PartitionSummary, features: dict) -> dict:
     """What `summary.json` holds (README, "Results")."""
     accuracies = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_serverapp.items()}
     local = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_clientapp.items()}
@@ -511,7 +520,7 @@ def _summary(config: RunConfig, result: Result, strategy: Staged,
         "num_clients": partition.num_clients,
         "config": config.to_dict(),
         "partition": partition.to_dict(),
-        "features": _feature_info(cache, stats),
+        "features": features,
         "rounds": rounds,
         "versions": _versions(),
     }

@@ -74,13 +74,22 @@ def train_local(
     if num_examples == 0:
         return LocalResult(arrays, 0, float("nan"), 0, time.perf_counter() - start)
     head = model_from_numpy(arrays, features.device, activation)  # the head, or adapter + head
-    loss_fn = loss_for(head_type, stage)
-    params = list(head.parameters())
+    mean_loss, steps = fit(head, list(head.parameters()), features, labels,
+                           loss_for(head_type, stage), schedule, generator,
+                           gradient_offsets(head, gradient_offset))
+    return LocalResult(model_to_numpy(head), num_examples, mean_loss, steps, time.perf_counter() - start)
+
+
+def fit(model: torch.nn.Module, params: list[torch.nn.Parameter], inputs: torch.Tensor,
+        labels: torch.Tensor, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        schedule: LocalSchedule, generator: torch.Generator,
+        offsets: list[tuple[torch.nn.Parameter, torch.Tensor]] = ()) -> tuple[float, int]:
+    """The local steps on `params` of `model` (a head on features, or an encoder on raw inputs:
+    `ovalp_flwr.finetune`); returns the sample-weighted mean loss and the steps taken."""
     step = optimizer_step(params, schedule)
-    offsets = _offsets(head, gradient_offset)
-    loss_sum, seen, steps = torch.zeros((), device=features.device), 0, 0
-    for batch in _batches(num_examples, schedule, generator, features.device):
-        loss = loss_fn(head(features[batch]), labels[batch])
+    loss_sum, seen, steps = torch.zeros((), device=labels.device), 0, 0
+    for batch in _batches(len(labels), schedule, generator, labels.device):
+        loss = loss_fn(model(inputs[batch]), labels[batch])
         for param in params:
             param.grad = None
         loss.backward()
@@ -90,8 +99,7 @@ def train_local(
         loss_sum += loss.detach() * len(batch)
         seen += len(batch)
         steps += 1
-    mean_loss = float(loss_sum) / seen
-    return LocalResult(model_to_numpy(head), num_examples, mean_loss, steps, time.perf_counter() - start)
+    return float(loss_sum) / seen, steps
 
 
 def optimizer_step(params: list[torch.nn.Parameter], schedule: LocalSchedule) -> Callable[[], None]:
@@ -142,13 +150,15 @@ def _adamw_step(params: list[torch.nn.Parameter], lr: float, weight_decay: float
     return step
 
 
-def _offsets(head: torch.nn.Module, gradient_offset: dict[str, np.ndarray] | None
-             ) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
-    """(parameter, offset) pairs; the offset's shapes must be the head's."""
+def gradient_offsets(model: torch.nn.Module, gradient_offset: dict[str, np.ndarray] | None
+                     ) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """(parameter, offset) pairs for the parameters that train; the offset's shapes must be theirs."""
     if gradient_offset is None:
         return []
     pairs = []
-    for name, param in head.named_parameters():
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
         if name not in gradient_offset or gradient_offset[name].shape != tuple(param.shape):
             found = None if name not in gradient_offset else gradient_offset[name].shape
             raise ValueError(f"gradient offset {name!r} has shape {found}; the head's is "

@@ -12,7 +12,8 @@ Two kinds of weights:
   architecture randomly initialised (seeded), which is how tests exercise them offline.
 
 Layout: _common (options, errors, protocols, helpers), image (preprocessing, ImageEncoder,
-pixels), lite (EfficientNet-Lite), timm_hub (timm hub models), text (MiniLM, RoBERTa); this
+pixels), lite (EfficientNet-Lite), timm_hub (timm hub models), text (MiniLM, RoBERTa),
+tiny (random test encoders); this
 module holds the registry and the public API, and re-exports what callers import from here.
 """
 
@@ -54,6 +55,7 @@ from ovalp_flwr.encoders.text import (
     TextEncoder,
     Tokenize,
 )
+from ovalp_flwr.encoders.tiny import TinyImageSpec, TinyTextSpec
 from ovalp_flwr.encoders.timm_hub import (
     TimmHubSpec,
     timm_data_config,
@@ -133,6 +135,9 @@ ENCODERS: dict[str, EncoderSpec] = {
     "convnext-base": TimmHubSpec("convnext_base.fb_in22k", 1024, fixed_size=False),
     "minilm": MiniLMSpec(),
     "roberta-base": RobertaSpec(),
+    # random-initialised, tiny: tests and quick checks of the paths that train an encoder
+    "tiny-cnn": TinyImageSpec(),
+    "tiny-bert": TinyTextSpec(),
 }
 
 

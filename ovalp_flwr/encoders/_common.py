@@ -172,7 +172,8 @@ class NetworkEncoder:
     """What every frozen-network encoder shares: its device, options, identity and `encode`.
 
     Subclasses say how a batch becomes the network's input (`prepare`) and how the
-    network's output becomes features (`forward`); `encode` is the two in a row.
+    network's output becomes features (`features`, differentiable: a trainable encoder
+    calls it, `ovalp_flwr.finetune`); `forward` is it without autograd, `encode` the two in a row.
     """
 
     modality: Modality
@@ -201,8 +202,12 @@ class NetworkEncoder:
     def prepare(self, batch: Any) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def features(self, *inputs: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    @torch.inference_mode()
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.features(*inputs)
 
     @torch.inference_mode()
     def encode(self, batch: Any) -> np.ndarray:

@@ -145,8 +145,7 @@ class ImageEncoder(NetworkEncoder):
         super().__init__(name, model, identity, device, dtype=dtype, batch_size=batch_size)
         self.preprocess = preprocess
 
-    @torch.inference_mode()
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
         """Preprocessed float [B, 3, S, S] on the device -> float32 features: the bare network.
 
         Channels-last input: oneDNN's fast path for ConvNets on CPU (Lite0 at 128 px on 2 cores:

@@ -89,8 +89,7 @@ class TextEncoder(NetworkEncoder):
         config: Any = model.config
         self.vocab_size = int(config.vocab_size)
 
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Token ids [B, L] on the device -> float32 pooled features: the bare network."""
         with _autocast(self.device, self.dtype):
             hidden = self.model(

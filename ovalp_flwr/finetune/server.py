@@ -1,0 +1,134 @@
+"""The encoder path's ServerApp run (`finetune` set): describe, seeded start, the staged
+FedAvg (or FLoRA) rounds over the method's trainable tensors, the server's evaluation on the
+raw test split, and the same results files as the cached path (`ovalp_flwr.server`)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from logging import INFO
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.serverapp import Grid
+
+from ovalp_flwr import protocol as p
+from ovalp_flwr.client_data import resolve_path
+from ovalp_flwr.config import RunConfig, check_num_clients
+from ovalp_flwr.console import say
+from ovalp_flwr.finetune.client import Setup, feature_space, setup
+from ovalp_flwr.finetune.data import partitions
+from ovalp_flwr.finetune.flora import FLoRA, StagedFLoRA
+from ovalp_flwr.partition import summarize_partition
+from ovalp_flwr.results import default_run_name, write_run
+from ovalp_flwr.server import (CentralEvaluator, FederationError, SetupCosts, _summary,
+                               by_partition, describe_clients, equal_share_steps,
+                               label_noise_summary, make_strategy, num_partitions,
+                               train_reply_check, wait_for_nodes)
+
+EVAL_BATCH = 256
+
+
+def run_finetune(grid: Grid, config: RunConfig) -> Path:
+    """One fine-tuning run; returns its results folder."""
+    started = time.time()
+    run_name = config.run_name or default_run_name(config.to_dict())
+    built = setup(config)
+    initial = built.method.trainable_arrays(built.model)  # the seeded start (copies)
+    nodes = wait_for_nodes(grid)
+    check_num_clients(len(nodes), len(built.data.train.labels))
+    costs = SetupCosts()
+    clients = describe_clients(grid, nodes, costs=costs)
+    wrong = {n: c[p.FEATURE_SPACE] for n, c in clients.items()
+             if c[p.FEATURE_SPACE] != feature_space(config)}
+    if wrong:
+        node, found = next(iter(sorted(wrong.items())))
+        raise FederationError(f"{len(wrong)} node(s) train another model or data than the "
+                              f"server's ({feature_space(config)}); node {node} has {found}")
+    parts = partitions(config, built.data, num_partitions(clients))
+    partition = summarize_partition(
+        config.partition, [parts[int(clients[n][p.PARTITION_ID])] for n in by_partition(clients)],
+        built.data.train.labels, built.data.train.domains, built.data.domain_names)
+    say(INFO, "finetune %s: %d trainable tensors, %.2f M of %.2f M parameters travel; partition %s",
+        config.finetune, len(initial), _millions(initial), _millions(built.model.state_dict()),
+        partition)
+    steps = equal_share_steps(config, clients)
+    strategy = make_strategy(
+        config, node_order=by_partition(clients),
+        extra_train_config={p.LOCAL_STEPS: steps} if steps else {},
+        check_reply=train_reply_check(config, clients, steps), left_out=set(nodes) - set(clients),
+        strategy_class=_strategy_class(built, initial))
+    evaluator = EncoderEvaluator(built, config, _loader(built, strategy))
+    evaluator.round_info = lambda server_round: strategy.rounds.get(server_round, {})
+    result = strategy.start(grid=grid, initial_arrays=p.to_record(initial),
+                            train_config=ConfigRecord(), evaluate_config=ConfigRecord(),
+                            num_rounds=config.num_server_rounds, timeout=config.round_timeout,
+                            evaluate_fn=evaluator)
+    features = {"raw": feature_space(config), "num_classes": built.data.num_classes,
+                "train_size": len(built.data.train.labels),
+                "test_size": len(built.data.test.labels)}
+    summary = _summary(config, result, strategy, evaluator, partition, features)
+    summary["label_noise"] = label_noise_summary(config, clients)
+    summary["local_steps"] = config.local_steps or steps or None
+    summary["setup"] = costs.to_dict()
+    summary["finetune"] = {"method": config.finetune,
+                           "trainable_tensors": len(initial),
+                           "trainable_parameters": int(sum(a.size for a in initial.values())),
+                           "model_parameters": int(sum(t.numel() for t in
+                                                       built.model.state_dict().values()))}
+    summary["total_seconds"] = time.time() - started
+    out = write_run(resolve_path(config.results_dir), run_name, summary)
+    say(INFO, "final accuracy %.4f after %d rounds (finetune %s, %s, %s); results in %s",
+        summary["final_accuracy"], config.num_server_rounds, config.finetune, config.head,
+        config.partition, out)
+    return out
+
+
+def _millions(arrays) -> float:
+    return sum(int(np.prod(tuple(a.shape))) for a in arrays.values()) / 1e6
+
+
+def _strategy_class(built: Setup, initial: dict[str, np.ndarray]) -> Callable | None:
+    """FLoRA's own strategy (its fresh LoRA modules: the start's), or None: Staged FedAvg."""
+    if not isinstance(built.method, FLoRA):
+        return None
+    fresh = {k: v for k, v in initial.items() if ".lora_A." in k or ".lora_B." in k}
+    return functools.partial(StagedFLoRA, flora=built.method, fresh=fresh)
+
+
+def _loader(built: Setup, strategy) -> Callable[[ArrayRecord], None]:
+    """How the server's model takes the global arrays (FLoRA: and the merged update)."""
+
+    def load(arrays: ArrayRecord) -> None:
+        if isinstance(strategy, StagedFLoRA):
+            built.method.apply(built.model, strategy.delta)
+        built.method.load_trainable(built.model, p.from_record(arrays))
+
+    return load
+
+
+class EncoderEvaluator(CentralEvaluator):
+    """Scores the global model on the raw test split, in batches through the encoder."""
+
+    def __init__(self, built: Setup, config: RunConfig, load: Callable[[ArrayRecord], None]) -> None:
+        self.built, self.load, self.config = built, load, config
+        self.device = built.model.weight.device
+        self.labels = torch.from_numpy(built.data.test.labels).to(self.device)
+        self.domain_names = ()
+        self.domains = torch.from_numpy(built.data.test.domains).to(self.device)
+        self.domain_accuracy: dict[int, dict[str, float]] = {}
+        self.seconds: dict[int, float] = {}
+        self.round_seconds: dict[int, float] = {}
+        self.done_at: dict[int, float] = {}
+        self.round_info: Callable[[int], dict] = lambda _round: {}
+
+    def _right(self, arrays: ArrayRecord) -> torch.Tensor:
+        self.load(arrays)
+        model, inputs = self.built.model, self.built.data.test.inputs
+        with torch.inference_mode():
+            predicted = torch.cat([model(inputs[i:i + EVAL_BATCH].to(self.device)).argmax(1)
+                                   for i in range(0, len(inputs), EVAL_BATCH)])
+        return predicted == self.labels
