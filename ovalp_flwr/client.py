@@ -254,6 +254,10 @@ def personalize(msg: Message, context: Context) -> Message:
     training rows, once. The reply carries the personalized model (the other clients score
     it: `score_personalized`), its Local accuracy after every epoch on this client's own test
     split, and snapshots at the run's curve epochs. A node with a `model-dir` keeps the model."""
+    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
+        from ovalp_flwr.finetune import client as finetune
+
+        return finetune.personalize(msg, context)
     from ovalp_flwr.personalize import LocalData, Task, make_personalizer
 
     config = RunConfig.from_mapping(context.run_config)
@@ -294,6 +298,10 @@ def score_personalized(msg: Message, context: Context) -> Message:
     """Score every model the server sent on this client's own test split: right predictions,
     and the summed L2 distance between its features and the global model's (the study's
     feature distortion), so no test row leaves the client."""
+    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
+        from ovalp_flwr.finetune import client as finetune
+
+        return finetune.score_personalized(msg, context)
     config = RunConfig.from_mapping(context.run_config)
     digest = str(msg.content[p.CONFIG].get(p.NORM_DIGEST, ""))
     test_x, test_y = _device_rows(config, context, digest, split="test")

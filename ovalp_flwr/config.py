@@ -280,7 +280,9 @@ class RunConfig:
         not_yet = {"server-optimizer": (self.server_optimizer, "fedavg", "fedavg"),
                    "fraction-evaluate": (self.fraction_evaluate, 0.0, "0 (the server evaluates)"),
                    "resume": (self.resume, False, "false (no checkpoints on this path yet)"),
-                   "personalize": (self.personalize, "", '"" (not on this path yet)')}
+                   "personalize": (self.personalize if self.finetune == "flora" else "", "",
+                                   '"" (FLoRA\'s nodes lack the last round\'s stack; '
+                                   'personalize after lp, fedavg-lora or full)')}
         for key, (value, allowed, say) in not_yet.items():
             if value != allowed:
                 raise ConfigError(key, value, f"with finetune={self.finetune!r} use {say}")

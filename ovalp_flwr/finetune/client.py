@@ -4,6 +4,7 @@ built once per process; a node's rows go to its device once."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -41,9 +42,12 @@ SETUP_KEYS = ("dataset", "data-dir", "limit-per-class", "image-size", "encoder",
               "lora-rank", "lora-alpha", "label-noise", "noise-rate", "seed", "device")
 
 
-def setup(config: RunConfig) -> Setup:
+def setup(config: RunConfig, data_dir: str | None = None) -> Setup:
     """Built once per process and run: a seeded model (heads and LoRA's A from `seed`), so the
-    server's start is the same wherever it is built."""
+    server's start is the same wherever it is built. `data_dir`: a node's own (its node
+    config's `data-dir`), else the run's."""
+    if data_dir is not None:
+        config = dataclasses.replace(config, data_dir=data_dir)
     values = config.to_dict()
     key = tuple(values[k] for k in SETUP_KEYS)
     if key not in _SETUP:
@@ -60,6 +64,12 @@ def setup(config: RunConfig) -> Setup:
     return _SETUP[key]
 
 
+def node_setup(config: RunConfig, context: Context) -> Setup:
+    """The node's setup: on its own data if its node config names a `data-dir`."""
+    own = context.node_config.get("data-dir")
+    return setup(config, None if own is None else str(own))
+
+
 def node_partition(context: Context) -> tuple[int, int]:
     from ovalp_flwr.client import node_partition as of_node
 
@@ -68,7 +78,7 @@ def node_partition(context: Context) -> tuple[int, int]:
 
 def node_rows(config: RunConfig, context: Context) -> tuple[torch.Tensor, torch.Tensor]:
     """This node's raw training rows on the model's device (the cached path's partition)."""
-    built = setup(config)
+    built = node_setup(config, context)
     partition_id, num_partitions = node_partition(context)
     if (partition_id, num_partitions) not in built.rows:
         if not 0 <= partition_id < num_partitions:
@@ -92,13 +102,13 @@ def describe(msg: Message, context: Context) -> Message:
     config = RunConfig.from_mapping(context.run_config)
     partition_id, num_partitions = node_partition(context)
     _, labels = node_rows(config, context)
-    built = setup(config)
+    built = node_setup(config, context)
     rows = partitions(config, built.data, num_partitions)[partition_id]
     noisy = int(np.sum(built.data.train.labels[rows] != built.data.clean_train_labels[rows]))
     content = RecordDict({
         p.METRICS: MetricRecord({p.PARTITION_ID: partition_id, p.NUM_PARTITIONS: num_partitions,
                                  p.NUM_EXAMPLES: len(labels), p.NOISY_EXAMPLES: noisy,
-                                 p.OWN_DATA: 0}),
+                                 p.OWN_DATA: int("data-dir" in context.node_config)}),
         p.CONFIG: ConfigRecord({p.FEATURE_SPACE: feature_space(config)}),
     })
     return Message(content=content, reply_to=msg)
@@ -111,7 +121,7 @@ def train(msg: Message, context: Context) -> Message:
     from ovalp_flwr.client import local_schedule
 
     config = RunConfig.from_mapping(context.run_config)
-    built = setup(config)
+    built = node_setup(config, context)
     model, method = built.model, built.method
     round_config = msg.content[p.CONFIG]
     partition_id, _ = node_partition(context)
@@ -135,3 +145,116 @@ def train(msg: Message, context: Context) -> Message:
                             p.TRAIN_SECONDS: time.perf_counter() - started, p.LOCAL_STEPS: steps})
     return Message(content=RecordDict({p.ARRAYS: p.to_record(arrays), p.METRICS: metrics}),
                    reply_to=msg)
+
+
+# ------------------------------------------------------------------ personalization (PFT)
+# The phase is the cached path's (`ovalp_flwr.personalization`); what differs is what a model
+# is: the global trainable tensors, plus whatever a method moved (FT moves the whole encoder
+# even after LoRA or linear probing), and nothing else travels.
+
+
+def node_test_rows(config: RunConfig, context: Context) -> tuple[torch.Tensor, torch.Tensor]:
+    """This client's own test split, drawn as on the cached path (`client_data.local_test_split`)."""
+    from ovalp_flwr.client_data import local_test_split
+
+    built = node_setup(config, context)
+    partition_id, num_partitions = node_partition(context)
+    key = (-1 - partition_id, num_partitions)  # beside the training rows in `rows`
+    if key not in built.rows:
+        data = built.data
+        rows = partitions(config, data, num_partitions)[partition_id]
+        order = np.arange(len(data.test.labels))
+        picked, labels = local_test_split(
+            data.train.labels[rows], data.test.labels, np.bincount(data.train.domains),
+            np.random.default_rng([config.seed, partition_id, 0x7E57]), order,
+            data.train.domains[rows], data.test.domains)
+        device = built.model.weight.device
+        built.rows[key] = (data.test.inputs[torch.from_numpy(picked)].to(device),
+                           torch.from_numpy(labels).to(device))
+    return built.rows[key]
+
+
+def moved_arrays(model: EncoderClassifier, reference: dict[str, torch.Tensor],
+                 method: FinetuneMethod) -> dict[str, np.ndarray]:
+    """The method's trainable tensors and every other parameter that differs from `reference`."""
+    trainable = set(method.trainable_arrays(model))
+    return {name: param.detach().cpu().numpy().copy() for name, param in model.named_parameters()
+            if name in trainable or not torch.equal(param, reference[name])}
+
+
+def load_parameters(model: EncoderClassifier, arrays: dict[str, np.ndarray]) -> None:
+    params = dict(model.named_parameters())
+    unknown = sorted(set(arrays) - set(params))
+    if unknown:
+        raise ValueError(f"a model's arrays name {unknown[:3]}, not parameters of this model")
+    with torch.no_grad():
+        for name, value in arrays.items():
+            params[name].copy_(torch.as_tensor(value))
+
+
+def personalize(msg: Message, context: Context) -> Message:
+    """The cached path's `personalize`, through the encoder."""
+    from ovalp_flwr.client import pft_generator, save_personalized
+    from ovalp_flwr.heads import accuracy
+    from ovalp_flwr.personalize import LocalData, Task, make_personalizer
+
+    config = RunConfig.from_mapping(context.run_config)
+    built = node_setup(config, context)
+    request = msg.content[p.CONFIG]
+    name = str(request[p.METHOD])
+    inputs, labels = node_rows(config, context)
+    test_x, test_y = node_test_rows(config, context)
+    built.method.load_trainable(built.model, p.from_record(msg.content[p.ARRAYS]))
+    reference = {n: q.detach().clone() for n, q in built.model.named_parameters()}
+    curve: list[float] = []
+    snapshots: dict[int, dict[str, np.ndarray]] = {}
+
+    def on_epoch(epoch: int, model) -> None:
+        with torch.inference_mode():
+            curve.append(accuracy(model, test_x, test_y) if len(test_y) else 0.0)
+        if epoch in config.curve_epochs:
+            snapshots[epoch] = moved_arrays(model, reference, built.method)
+
+    personalizer = make_personalizer(name, config.personalizer_options(name))
+    task = Task(loss_for(config.head, stage=2), pft_generator(config.seed, context), on_epoch)
+    started = time.perf_counter()
+    model = (personalizer.personalize(built.model, LocalData(inputs, labels), task)
+             if len(labels) else built.model)
+    seconds = time.perf_counter() - started
+    arrays = moved_arrays(model, reference, built.method)
+    saved = save_personalized(context, str(request.get(p.RUN_NAME, "")), name, arrays)
+    content = RecordDict({
+        p.ARRAYS: p.to_record(arrays),
+        p.METRICS: MetricRecord({p.LOCAL_CURVE: curve, p.TRAIN_SECONDS: seconds,
+                                 p.NUM_EXAMPLES: len(labels), p.NUM_TEST: len(test_y)}),
+        p.CONFIG: ConfigRecord({"saved": saved}),
+    })
+    for epoch, snapshot in snapshots.items():
+        content[f"{p.SNAPSHOT_PREFIX}{epoch}"] = p.to_record(snapshot)
+    return Message(content=content, reply_to=msg)
+
+
+def score_personalized(msg: Message, context: Context) -> Message:
+    """The cached path's `score_personalized`: each model is the global one with its own
+    tensors loaded over it, scored on this client's test split."""
+    config = RunConfig.from_mapping(context.run_config)
+    built = node_setup(config, context)
+    model = built.model
+    test_x, test_y = node_test_rows(config, context)
+    built.method.load_trainable(model, p.from_record(msg.content[p.ARRAYS]))
+    reference = {n: q.detach().clone() for n, q in model.named_parameters()}
+    metrics: dict[str, int | float] = {p.NUM_TEST: len(test_y)}
+    with torch.inference_mode():
+        global_features = model.features(test_x) if len(test_y) else None
+        for key, record in msg.content.array_records.items():
+            if not key.startswith(p.MODEL_PREFIX) or not len(test_y):
+                continue
+            name, arrays = key[len(p.MODEL_PREFIX):], p.from_record(record)
+            load_parameters(model, arrays)
+            features = model.features(test_x)
+            logits = torch.nn.functional.linear(features, model.weight, model.bias)
+            metrics[p.CORRECT_PREFIX + name] = int((logits.argmax(1) == test_y).sum())
+            metrics[p.DISTANCE_PREFIX + name] = float(
+                torch.linalg.vector_norm(features - global_features, dim=1).sum())
+            load_parameters(model, {n: reference[n] for n in arrays})
+    return Message(content=RecordDict({p.METRICS: MetricRecord(metrics)}), reply_to=msg)

@@ -22,11 +22,11 @@ from ovalp_flwr.console import say
 from ovalp_flwr.finetune.client import Setup, feature_space, setup
 from ovalp_flwr.finetune.data import partitions
 from ovalp_flwr.finetune.flora import FLoRA, StagedFLoRA
-from ovalp_flwr.partition import summarize_partition
+from ovalp_flwr.partition import summarize_partition, summarize_sizes
 from ovalp_flwr.results import default_run_name, write_run
 from ovalp_flwr.server import (CentralEvaluator, FederationError, SetupCosts, _summary,
                                by_partition, describe_clients, equal_share_steps,
-                               label_noise_summary, make_strategy, num_partitions,
+                               label_noise_summary, make_strategy, num_partitions, personalize_after,
                                train_reply_check, wait_for_nodes)
 
 EVAL_BATCH = 256
@@ -48,10 +48,7 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
         node, found = next(iter(sorted(wrong.items())))
         raise FederationError(f"{len(wrong)} node(s) train another model or data than the "
                               f"server's ({feature_space(config)}); node {node} has {found}")
-    parts = partitions(config, built.data, num_partitions(clients))
-    partition = summarize_partition(
-        config.partition, [parts[int(clients[n][p.PARTITION_ID])] for n in by_partition(clients)],
-        built.data.train.labels, built.data.train.domains, built.data.domain_names)
+    partition = _partition_summary(config, built, clients)
     say(INFO, "finetune %s: %d trainable tensors, %.2f M of %.2f M parameters travel; partition %s",
         config.finetune, len(initial), _millions(initial), _millions(built.model.state_dict()),
         partition)
@@ -79,12 +76,28 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
                            "trainable_parameters": int(sum(a.size for a in initial.values())),
                            "model_parameters": int(sum(t.numel() for t in
                                                        built.model.state_dict().values()))}
+    if config.personalization_methods:
+        summary["personalization"] = personalize_after(grid, config, clients, result.arrays,
+                                                       None, run_name)
     summary["total_seconds"] = time.time() - started
     out = write_run(resolve_path(config.results_dir), run_name, summary)
     say(INFO, "final accuracy %.4f after %d rounds (finetune %s, %s, %s); results in %s",
         summary["final_accuracy"], config.num_server_rounds, config.finetune, config.head,
         config.partition, out)
     return out
+
+
+def _partition_summary(config: RunConfig, built: Setup, clients: dict[int, dict]):
+    """Sizes and classes per client from the server's copy of the data; only sizes when nodes
+    read their own (as on the cached path)."""
+    ordered = [clients[n] for n in by_partition(clients)]
+    if any(int(c[p.OWN_DATA]) for c in ordered):
+        return summarize_sizes(f"{config.partition} of node-local data",
+                               [int(c[p.NUM_EXAMPLES]) for c in ordered])
+    parts = partitions(config, built.data, num_partitions(clients))
+    return summarize_partition(config.partition, [parts[int(c[p.PARTITION_ID])] for c in ordered],
+                               built.data.train.labels, built.data.train.domains,
+                               built.data.domain_names)
 
 
 def _millions(arrays) -> float:

@@ -98,6 +98,7 @@ def fit(model: FeatureModel, params: Iterable[nn.Parameter], data: LocalData, hp
     """
     params = list(params)
     moving = {id(p) for p in params}
+    trainable = {id(p): p.requires_grad for p in model.parameters()}  # put back at the end
     for param in model.parameters():
         param.requires_grad_(id(param) in moving)
     step = optimizer_step(params, LocalSchedule(optimizer=hp.optimizer,
@@ -118,8 +119,8 @@ def fit(model: FeatureModel, params: Iterable[nn.Parameter], data: LocalData, hp
                     param.grad.mul_(gradient_mask[param])
             step()
         task.on_epoch(epoch, model)
-    for param in model.parameters():
-        param.requires_grad_(True)
+    for param in model.parameters():  # an encoder's frozen tensors stay frozen
+        param.requires_grad_(trainable[id(param)])
     return model
 
 

@@ -1,0 +1,202 @@
+"""The encoder path (`finetune`): LoRA aggregation by hand, what travels, frozen tensors
+untouched, FLoRA's nodes in step, one-line config errors; tiny random encoders on a CPU."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from client_app import app as client_app
+from ovalp_flwr import protocol as p
+from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.finetune import client as finetune_client
+from ovalp_flwr.finetune import make_method
+from ovalp_flwr.finetune.flora import FLoRA, STATE_DELTA, STATE_ROUND
+from ovalp_flwr.finetune.lora import FedAvgLoRA, LoRAOptions, delta_weight
+from ovalp_flwr.local_grid import InProcessGrid, app_config
+from ovalp_flwr.server import run_server
+from ovalp_flwr.strategy import StagedFedAvg
+
+BASE = {"encoder": "tiny-cnn", "dataset": "digits", "head-init": "random",
+        "limit-per-class": 12, "num-server-rounds": 2, "local-epochs": 1, "batch-size": 8,
+        "partition": "shard", "classes-per-client": 3, "checkpoint-every": 0}
+
+
+class RecordingGrid(InProcessGrid):
+    """Keeps every train message and reply that went through it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.trains: list[tuple] = []
+
+    def _deliver(self, message):
+        reply = super()._deliver(message)
+        if message.metadata.message_type == "train":
+            self.trains.append((message, reply))
+        return reply
+
+
+def run(tmp_path, num_nodes=4, **overrides):
+    """One in-process run; returns (summary, grid, the run's process-wide setup)."""
+    run_config = {**app_config(), **BASE, "results-dir": str(tmp_path / "results"),
+                  "run-name": "run", **overrides}
+    config = RunConfig.from_mapping(run_config)
+    grid = RecordingGrid(client_app, num_nodes, run_config, seed=config.seed)
+    out = run_server(grid, config)
+    return json.loads((out / "summary.json").read_text()), grid, finetune_client.setup(config)
+
+
+# --- aggregation, by hand ----------------------------------------------------------------
+
+
+def test_fedavg_lora_averages_a_and_b_apart_and_flora_stacks_them_exactly():
+    """Two clients of a 2x2 layer with rank 1, weights 1 and 3: FedAvg-LoRA's update is
+    (mean B)(mean A), FLoRA's the weighted mean of B_k A_k; numbers worked out by hand."""
+    a1, b1 = np.array([[1.0, 0.0]], np.float32), np.array([[1.0], [0.0]], np.float32)
+    a2, b2 = np.array([[0.0, 2.0]], np.float32), np.array([[0.0], [1.0]], np.float32)
+    key_a, key_b = "network.fc.lora_A.default.weight", "network.fc.lora_B.default.weight"
+    replies = [({key_a: a1, key_b: b1}, 1.0), ({key_a: a2, key_b: b2}, 3.0)]
+    scaling = 2.0  # alpha 2 / rank 1
+    # FedAvg-LoRA: mean A = [[0.25, 1.5]] (weights 1/4, 3/4), mean B = [[0.25], [0.75]];
+    # their product [[0.0625, 0.375], [0.1875, 1.125]], times 2
+    mean_a = (a1 * 1 + a2 * 3) / 4
+    mean_b = (b1 * 1 + b2 * 3) / 4
+    fedavg = delta_weight(torch.from_numpy(mean_a), torch.from_numpy(mean_b), scaling).numpy()
+    np.testing.assert_array_equal(fedavg, [[0.125, 0.75], [0.375, 2.25]])
+    # what the clients learned: 1/4 B1 A1 + 3/4 B2 A2 = [[0.25, 0], [0, 1.5]], times 2
+    flora = FLoRA(LoRAOptions(rank=1, alpha=2.0))
+    stack = flora.stack(replies)
+    np.testing.assert_array_equal(stack["network.fc/A"], [[1.0, 0.0], [0.0, 2.0]])
+    np.testing.assert_array_equal(stack["network.fc/B"], [[0.25, 0.0], [0.0, 0.75]])
+    merged = flora.merged({}, stack)["network.fc.base_layer.weight"]
+    np.testing.assert_array_equal(merged, [[0.5, 0.0], [0.0, 3.0]])
+    assert not np.allclose(fedavg, merged)  # the cross terms FedAvg-LoRA adds
+    # merging is additive over rounds: a second round's stack adds to the first's
+    np.testing.assert_array_equal(flora.merged({"network.fc.base_layer.weight": merged}, stack)
+                                  ["network.fc.base_layer.weight"], 2 * merged)
+
+
+def test_the_fedavg_strategy_averages_lora_tensors_like_any_array():
+    """FedAvg-LoRA is the staged FedAvg over A and B: each averaged on its own."""
+    from flwr.app import Message, MetricRecord, RecordDict
+
+    from ovalp_flwr.local_grid import InProcessGrid  # noqa: F401  (sets the task identity)
+
+    InProcessGrid(client_app, 1, app_config())
+    strategy = StagedFedAvg(stage_for_round=lambda r: 2, seed=0)
+    replies = []
+    for node, (a, weight) in enumerate([(np.ones((1, 2), np.float32), 1), (3 * np.ones((1, 2), np.float32), 3)]):
+        content = RecordDict({p.ARRAYS: p.to_record({"x.lora_A.default.weight": a}),
+                              p.METRICS: MetricRecord({p.NUM_EXAMPLES: weight, p.TRAIN_LOSS: 0.0,
+                                                       p.TRAIN_SECONDS: 0.0, p.LOCAL_STEPS: 1})})
+        message = Message(content=content, message_type="train", dst_node_id=node + 1)
+        replies.append(Message(content=content, reply_to=message))
+    arrays, _ = strategy.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays["x.lora_A.default.weight"].numpy(), 2.5 * np.ones((1, 2)))
+
+
+# --- runs on tiny encoders -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["lp", "fedavg-lora", "flora", "full"])
+def test_only_the_trainable_tensors_travel(tmp_path, method):
+    overrides = {"finetune": method}
+    if method == "flora":
+        overrides["drift-correction"] = "none"
+    summary, grid, built = run(tmp_path, **overrides)
+    trainable = {n for n, q in built.model.named_parameters() if q.requires_grad}
+    everything = set(built.model.state_dict())
+    assert grid.trains
+    for message, reply in grid.trains:
+        assert set(message.content[p.ARRAYS].keys()) == trainable
+        assert set(reply.content[p.ARRAYS].keys()) == trainable
+    heads = {"weight", "bias"}
+    if method == "lp":
+        assert trainable == heads
+    elif method == "full":
+        assert trainable == {n for n, _ in built.model.named_parameters()}
+    else:
+        assert trainable - heads and all(".lora_" in n for n in trainable - heads)
+        assert len(trainable) < len(everything) / 2
+    assert summary["finetune"]["trainable_parameters"] == sum(
+        q.numel() for q in built.model.parameters() if q.requires_grad)
+    assert len(summary["rounds"]) == 2 and all(r["clients_trained"] == 4 for r in summary["rounds"])
+
+
+@pytest.mark.parametrize("method", ["lp", "fedavg-lora"])
+def test_frozen_tensors_are_bit_identical_after_a_run(tmp_path, method):
+    """The encoder's frozen weights and BatchNorm statistics, after the clients trained and the
+    server evaluated on the same (in-process) model, are the pretrained ones."""
+    config = RunConfig.from_mapping({**app_config(), **BASE, "finetune": method})
+    finetune_client._SETUP.clear()
+    before = make_method(config).frozen_state(finetune_client.setup(config).model)
+    _, _, built = run(tmp_path, finetune=method)
+    after = built.method.frozen_state(built.model)
+    assert set(before) == set(after) and len(after) > 10
+    for name, tensor in before.items():
+        assert torch.equal(tensor, after[name]), name
+    # and the trainable ones did move
+    start = built.model.weight.detach().clone()
+    assert start.abs().sum() > 0
+
+
+def test_flora_nodes_that_sat_rounds_out_merge_what_they_missed(tmp_path):
+    """With half the nodes per round, each node's merged update is the server's after the
+    rounds it was sent: equal, to the bit, for nodes at the same round; the server's model is
+    the pretrained encoder plus its merged update."""
+    summary, grid, built = run(tmp_path, num_nodes=4, finetune="flora", **{
+        "drift-correction": "none", "fraction-train": 0.5, "num-server-rounds": 4})
+    states = {}
+    for context in grid.contexts.values():
+        if STATE_ROUND in context.state:
+            rnd = int(context.state[STATE_ROUND]["round"])
+            states.setdefault(rnd, []).append(p.from_record(context.state[STATE_DELTA]))
+    assert states and max(states) >= 2
+    for deltas in states.values():
+        for other in deltas[1:]:
+            for key in deltas[0]:
+                np.testing.assert_array_equal(deltas[0][key], other[key])
+    sent = [r["bytes_sent_per_client"] for r in summary["rounds"]]
+    assert sent[1] > sent[0]  # from round 2 the stacks ride along
+    assert isinstance(built.method, FLoRA)
+    for name, pristine in built.method.pristine.items():
+        assert pristine.shape == dict(built.model.named_parameters())[name].shape
+
+
+def test_a_text_encoder_trains_with_lora_on_its_attention(tmp_path):
+    summary, grid, built = run(tmp_path, finetune="fedavg-lora", encoder="tiny-bert",
+                               dataset="ag-news", **{"limit-per-class": 10})
+    lora = {n for n, q in built.model.named_parameters() if q.requires_grad and ".lora_" in n}
+    assert lora and all(".query." in n or ".value." in n for n in lora)
+    assert summary["finetune"]["method"] == "fedavg-lora"
+    assert summary["rounds"][-1]["clients_trained"] == 4
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("finetune", "lora", "choose one of: none, lp, fedavg-lora, flora, full"),
+    ("head-init", "ridge", "use random or zeros"),
+    ("drift-correction", "scaffold", "FLoRA starts fresh"),
+    ("resume", True, "no checkpoints on this path yet"),
+])
+def test_bad_finetune_settings_get_one_line(key, value, says):
+    config = {**app_config(), **BASE, "finetune": "flora", "drift-correction": "none",
+              key: value}
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_mapping({**config, **({"run-name": "x"} if key == "resume" else {})})
+    assert says in str(err.value) and key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_personalization_moves_the_encoder_after_linear_probing(tmp_path):
+    """Encoder-level PFT: after a federated linear probe, FT moves the whole encoder (its
+    tensors travel to be scored, features distort), LP only the heads (no distortion)."""
+    summary, grid, built = run(tmp_path, num_nodes=3, finetune="lp", personalize="ft lp",
+                               **{"pft-epochs": 2, "pft.lp-ft.lp-epochs": 1,
+                                  "pft.lss.models": 2})
+    methods = summary["personalization"]["methods"]
+    assert list(methods) == ["global", "ft", "lp"]
+    assert methods["ft"]["summary"]["distortion"] > 0
+    assert methods["lp"]["summary"]["distortion"] == 0
+    assert all(len(m["clients"]) == 3 for m in methods.values())
+    # the encoder stays frozen for the federation: personalization put its flags back
+    assert {n for n, q in built.model.named_parameters() if q.requires_grad} == {"weight", "bias"}
