@@ -153,3 +153,24 @@ def test_a_supernode_that_joins_late_trains_from_the_next_round(tmp_path, capfd)
     assert trained[0] == 2 and 1 <= joined <= 2 and trained[joined:] == [3] * (4 - joined), trained
     assert all(r["clients_failed"] == 0 for r in rounds)
     assert left_behind(flwr_home) == set()
+
+
+def test_flora_fine_tunes_an_encoder_on_real_supernodes(tmp_path, capfd):
+    """The encoder path on real processes: every message a fresh ClientApp process, so FLoRA's
+    merged update lives only in the node's context state, which the SuperNode keeps."""
+    flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
+    run_config = (f"finetune='flora' encoder='tiny-cnn' head-init='random' "
+                  f"drift-correction='none' limit-per-class=12 num-server-rounds=3 local-epochs=1 "
+                  f"batch-size=8 partition='iid' fraction-train=0.67 run-name='flora' "
+                  f"results-dir='{results}'")
+    code = deploy.main(["-n", "3", "--flwr-home", str(flwr_home), "--", "--run-config",
+                        run_config])
+    out = capfd.readouterr().out
+    assert code == 0, out[-3000:]
+    summary = json.loads((results / "flora" / "summary.json").read_text())
+    assert summary["finetune"]["method"] == "flora"
+    rounds = summary["rounds"]
+    assert [r["clients_trained"] for r in rounds] == [2, 2, 2]
+    assert all(not r["clients_failed"] and not r["clients_rejected"] for r in rounds)
+    assert rounds[1]["bytes_sent_per_client"] > rounds[0]["bytes_sent_per_client"]
+    assert left_behind(flwr_home) == set(), "the deployment left processes behind"

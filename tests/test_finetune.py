@@ -200,3 +200,18 @@ def test_personalization_moves_the_encoder_after_linear_probing(tmp_path):
     assert all(len(m["clients"]) == 3 for m in methods.values())
     # the encoder stays frozen for the federation: personalization put its flags back
     assert {n for n, q in built.model.named_parameters() if q.requires_grad} == {"weight", "bias"}
+
+
+def test_a_flora_node_that_lost_its_state_refuses_to_train(tmp_path):
+    """Its encoder would lack the merged updates: the round's reply is an error, not a
+    silently different model."""
+    from ovalp_flwr.finetune.flora import MERGED
+
+    config = RunConfig.from_mapping({**app_config(), **BASE, "finetune": "flora",
+                                     "drift-correction": "none"})
+    built = finetune_client.setup(config)
+    from flwr.app import ConfigRecord, RecordDict
+
+    content = RecordDict({MERGED: ConfigRecord({"merged": 2})})
+    with pytest.raises(RuntimeError, match="lost its state"):
+        built.method.merge_pending(built.model, content, RecordDict())

@@ -127,8 +127,8 @@ def train(msg: Message, context: Context) -> Message:
     partition_id, _ = node_partition(context)
     inputs, labels = node_rows(config, context)
     started = time.perf_counter()
-    if isinstance(method, FLoRA):
-        method.merge_pending(model, msg.content, context.state)
+    state_updates = (method.merge_pending(model, msg.content, context.state)
+                     if isinstance(method, FLoRA) else {})
     arrays = p.from_record(msg.content[p.ARRAYS])
     method.load_trainable(model, arrays)
     loss, steps = float("nan"), 0
@@ -141,6 +141,8 @@ def train(msg: Message, context: Context) -> Message:
             shuffle_generator(config.seed, int(round_config["server-round"]), partition_id),
             gradient_offsets(model, None if correction is None else p.from_record(correction)))
         arrays = method.trainable_arrays(model)
+    for key, record in state_updates.items():  # the round went through: keep what it merged
+        context.state[key] = record
     metrics = MetricRecord({p.NUM_EXAMPLES: len(labels), p.TRAIN_LOSS: 0.0 if not steps else loss,
                             p.TRAIN_SECONDS: time.perf_counter() - started, p.LOCAL_STEPS: steps})
     return Message(content=RecordDict({p.ARRAYS: p.to_record(arrays), p.METRICS: metrics}),

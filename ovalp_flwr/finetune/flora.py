@@ -29,6 +29,7 @@ from ovalp_flwr.strategy import Staged
 STACKS = "flora-stacks"  # the train message's record of "<round>/<layer>/A|B" stacks to merge
 STATE_DELTA = "flora-delta"  # a node's merged update so far, by base weight name
 STATE_ROUND = "flora-round"  # ... and the last round merged into it
+MERGED = "flora"  # the train message's config: {"merged": the round the server knows merged}
 
 
 class FLoRA(FedAvgLoRA):
@@ -79,11 +80,19 @@ class FLoRA(FedAvgLoRA):
                     weight.add_(torch.as_tensor(delta[name], device=weight.device))
 
     def merge_pending(self, model: EncoderClassifier, content: RecordDict, node_state: RecordDict,
-                      ) -> None:
-        """A node's side: merge the stacks of the rounds it has not merged yet into its state,
-        then load pristine + merged update into the encoder."""
+                      ) -> dict[str, ArrayRecord | ConfigRecord]:
+        """A node's side: merge the stacks of the rounds it has not merged yet, and load
+        pristine + merged update into the encoder. Returns the node's new state records, for
+        the caller to keep once the round succeeded (a failed round leaves the state as it
+        was, as the server assumes)."""
         delta = from_record(node_state[STATE_DELTA]) if STATE_DELTA in node_state else {}
         done = int(node_state[STATE_ROUND]["round"]) if STATE_ROUND in node_state else 0
+        known = int(content[MERGED]["merged"]) if MERGED in content.config_records else done
+        if done != known:  # a node that lost its state would train on another encoder
+            raise RuntimeError(f"FLoRA: this node's encoder has the updates of rounds 1..{done} "
+                               f"merged, the server sent it those of rounds 1..{known}: the "
+                               "node lost its state (restarted?) and cannot rejoin this run")
+        updates: dict[str, ArrayRecord | ConfigRecord] = {}
         if STACKS in content.array_records:
             by_round: dict[int, dict[str, np.ndarray]] = {}
             for key, value in from_record(content[STACKS]).items():
@@ -92,9 +101,9 @@ class FLoRA(FedAvgLoRA):
             for server_round in sorted(r for r in by_round if r > done):
                 delta = self.merged(delta, by_round[server_round])
                 done = server_round
-            node_state[STATE_DELTA] = to_record(delta)
-            node_state[STATE_ROUND] = ConfigRecord({"round": done})
+            updates = {STATE_DELTA: to_record(delta), STATE_ROUND: ConfigRecord({"round": done})}
         self.apply(model, delta)
+        return updates
 
 
 class _StackingAggregate(FedAvg):
@@ -133,9 +142,10 @@ class StagedFLoRA(Staged, _StackingAggregate):
                        correction: dict[str, np.ndarray] | None) -> Message:
         pending = {f"{r}/{key}": value for r, stack in self.stacks.items()
                    if r > self.merged_by.get(node_id, 0) for key, value in stack.items()}
+        extra = {MERGED: ConfigRecord({"merged": self.merged_by.get(node_id, 0)})}
         if pending:
-            content = RecordDict({**content, STACKS: to_record(pending)})
-        return super()._train_message(content, node_id, correction)
+            extra[STACKS] = to_record(pending)
+        return super()._train_message(RecordDict({**content, **extra}), node_id, correction)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
