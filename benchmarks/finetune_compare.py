@@ -28,11 +28,17 @@ NAMES = {"none": "OvA-LP (frozen, cached)", "fedavg-lora": "FedAvg-LoRA", "flora
          "full": "full fine-tuning"}
 PARTITIONS = {"iid": {"partition": "iid"},
               "shard-2": {"partition": "shard", "classes-per-client": 2}}
-# what the fine-tuning methods share: AdamW (their usual optimiser), small batches so that a
-# 40-50 sample client takes a few steps, OvA heads from torch's init
-FINETUNE = {"local-optimizer": "adamw", "learning-rate": 0.003, "weight-decay": 0.0,
-            "drift-correction": "none", "epoch-size": "own-data", "batch-size": 16,
-            "local-epochs": 2, "head-init": "random", "lora-rank": 8, "lora-alpha": 16.0}
+# what the fine-tuning methods share: their usual recipe (softmax cross-entropy in one stage,
+# AdamW), small batches so that a 40-50 sample client takes a few steps, heads from torch's
+# init. OvA's positives-only first stage is a frozen-feature device: with a trainable encoder
+# and random heads it drove the features to "positive for all" (full FT collapsed to chance in
+# a first try), so the baselines get the recipe they are published with.
+FINETUNE = {"head": "softmax", "schedule": "single-stage", "local-optimizer": "adamw",
+            "weight-decay": 0.0, "drift-correction": "none", "epoch-size": "own-data",
+            "batch-size": 16, "local-epochs": 2, "head-init": "random", "lora-rank": 8,
+            "lora-alpha": 16.0}
+# LoRA's usual higher rate; all weights moving take a smaller one
+LEARNING_RATES = {"fedavg-lora": 0.003, "flora": 0.003, "full": 0.0005}
 DATASETS = {  # CPU sizes: a round in well under a minute
     "cifar10": {"dataset": "cifar10", "encoder": "efficientnet-lite0", "image-size": 32,
                 "limit-per-class": 100},
@@ -53,7 +59,7 @@ def overrides(data: dict, partition: str, method: str, seed: int, rounds: int) -
     config = {**data, **PARTITIONS[partition], "num-server-rounds": rounds, "seed": seed,
               "results-dir": str(RESULTS), "checkpoint-every": 0}
     if method != "none":
-        config.update({**FINETUNE, "finetune": method})
+        config.update({**FINETUNE, "finetune": method, "learning-rate": LEARNING_RATES[method]})
     config["run-name"] = run_name(data["dataset"], partition, method, seed)
     return config
 
