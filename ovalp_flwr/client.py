@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -258,22 +258,34 @@ def personalize(msg: Message, context: Context) -> Message:
         from ovalp_flwr.finetune import client as finetune
 
         return finetune.personalize(msg, context)
-    from ovalp_flwr.personalize import LocalData, Task, make_personalizer
-
     config = RunConfig.from_mapping(context.run_config)
-    request = msg.content[p.CONFIG]
-    method, digest = str(request[p.METHOD]), str(request.get(p.NORM_DIGEST, ""))
+    digest = str(msg.content[p.CONFIG].get(p.NORM_DIGEST, ""))
     features, labels = _device_rows(config, context, digest)
-    test_x, test_y = _device_rows(config, context, digest, split="test")
+    test_rows = _device_rows(config, context, digest, split="test")
     global_model = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), features.device,
                                     config.adapter_activation)
+    return personalization_reply(msg, context, config, global_model, (features, labels),
+                                 test_rows, model_to_numpy)
+
+
+def personalization_reply(msg: Message, context: Context, config: RunConfig, global_model,
+                          train_rows: tuple[torch.Tensor, torch.Tensor],
+                          test_rows: tuple[torch.Tensor, torch.Tensor],
+                          arrays_of: Callable[[FeatureModel], dict[str, np.ndarray]]) -> Message:
+    """Run the requested method on `global_model` (the heads on features, or an encoder:
+    `finetune.client`) and build the reply; `arrays_of(model)` is what of a model travels."""
+    from ovalp_flwr.personalize import LocalData, Task, make_personalizer
+
+    request = msg.content[p.CONFIG]
+    method = str(request[p.METHOD])
+    (features, labels), (test_x, test_y) = train_rows, test_rows
     curve: list[float] = []
     snapshots: dict[int, dict[str, np.ndarray]] = {}
 
     def on_epoch(epoch: int, model: FeatureModel) -> None:
         curve.append(accuracy(model, test_x, test_y) if len(test_y) else 0.0)
         if epoch in config.curve_epochs:
-            snapshots[epoch] = model_to_numpy(model)
+            snapshots[epoch] = arrays_of(model)
 
     personalizer = make_personalizer(method, config.personalizer_options(method))
     task = Task(loss_for(config.head, stage=2), pft_generator(config.seed, context), on_epoch)
@@ -281,7 +293,7 @@ def personalize(msg: Message, context: Context) -> Message:
     model = (personalizer.personalize(global_model, LocalData(features, labels), task)
              if len(labels) else global_model)  # nothing to fine-tune on: the global model
     seconds = time.perf_counter() - started
-    arrays = model_to_numpy(model)
+    arrays = arrays_of(model)
     saved = save_personalized(context, str(request.get(p.RUN_NAME, "")), method, arrays)
     content = RecordDict({
         p.ARRAYS: p.to_record(arrays),

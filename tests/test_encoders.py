@@ -332,7 +332,7 @@ def test_hub_weights_unreachable_fail_in_one_line(no_hub) -> None:
         message = str(err.value)
         assert "\n" not in message and f"encoder {name!r}: could not fetch its weights" in message
         assert f"offline encoders: {', '.join(offline_encoders())}" in message
-    assert offline_encoders() == [*LITES, "minilm", "pixels"]
+    assert offline_encoders() == [*LITES, "minilm", "pixels", "tiny-bert", "tiny-cnn"]
 
 
 # --- text encoders --------------------------------------------------------------------------

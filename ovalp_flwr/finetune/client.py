@@ -195,45 +195,18 @@ def load_parameters(model: EncoderClassifier, arrays: dict[str, np.ndarray]) -> 
 
 
 def personalize(msg: Message, context: Context) -> Message:
-    """The cached path's `personalize`, through the encoder."""
-    from ovalp_flwr.client import pft_generator, save_personalized
-    from ovalp_flwr.heads import accuracy
-    from ovalp_flwr.personalize import LocalData, Task, make_personalizer
+    """The cached path's `personalize`, through the encoder: what travels of a personalized
+    model is `moved_arrays`."""
+    from ovalp_flwr.client import personalization_reply
 
     config = RunConfig.from_mapping(context.run_config)
     built = node_setup(config, context)
-    request = msg.content[p.CONFIG]
-    name = str(request[p.METHOD])
-    inputs, labels = node_rows(config, context)
-    test_x, test_y = node_test_rows(config, context)
     built.method.load_trainable(built.model, p.from_record(msg.content[p.ARRAYS]))
     reference = {n: q.detach().clone() for n, q in built.model.named_parameters()}
-    curve: list[float] = []
-    snapshots: dict[int, dict[str, np.ndarray]] = {}
-
-    def on_epoch(epoch: int, model) -> None:
-        with torch.inference_mode():
-            curve.append(accuracy(model, test_x, test_y) if len(test_y) else 0.0)
-        if epoch in config.curve_epochs:
-            snapshots[epoch] = moved_arrays(model, reference, built.method)
-
-    personalizer = make_personalizer(name, config.personalizer_options(name))
-    task = Task(loss_for(config.head, stage=2), pft_generator(config.seed, context), on_epoch)
-    started = time.perf_counter()
-    model = (personalizer.personalize(built.model, LocalData(inputs, labels), task)
-             if len(labels) else built.model)
-    seconds = time.perf_counter() - started
-    arrays = moved_arrays(model, reference, built.method)
-    saved = save_personalized(context, str(request.get(p.RUN_NAME, "")), name, arrays)
-    content = RecordDict({
-        p.ARRAYS: p.to_record(arrays),
-        p.METRICS: MetricRecord({p.LOCAL_CURVE: curve, p.TRAIN_SECONDS: seconds,
-                                 p.NUM_EXAMPLES: len(labels), p.NUM_TEST: len(test_y)}),
-        p.CONFIG: ConfigRecord({"saved": saved}),
-    })
-    for epoch, snapshot in snapshots.items():
-        content[f"{p.SNAPSHOT_PREFIX}{epoch}"] = p.to_record(snapshot)
-    return Message(content=content, reply_to=msg)
+    return personalization_reply(
+        msg, context, config, built.model, node_rows(config, context),
+        node_test_rows(config, context),
+        lambda model: moved_arrays(model, reference, built.method))
 
 
 def score_personalized(msg: Message, context: Context) -> Message:
