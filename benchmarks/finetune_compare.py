@@ -86,7 +86,10 @@ def report() -> str:
              "`results/finetune-compare/`; the runs: `python benchmarks/finetune_compare.py`. "
              "R = final accuracy / the same method's IID final accuracy; "
              f"Acc@{ACC_AT_FRACTION:.0%}: the first round at {ACC_AT_FRACTION:.0%} of the final "
-             "accuracy; seconds and bytes are per client per round (mean over rounds).", ""]
+             "accuracy; seconds and bytes are per client per round (mean over rounds). Client "
+             "seconds are wall-clock on a 2-core machine that other jobs shared during some "
+             "runs (a test suite, other runs): compare them within a partition with care; "
+             "the bytes are exact.", ""]
     for dataset in sorted({key[0] for key in runs}):
         sample = next(s for k, s in runs.items() if k[0] == dataset)["config"]
         lines += [f"## {dataset} through {sample['encoder']}"
@@ -106,12 +109,11 @@ def report() -> str:
             curve = start_and_rounds(s)
             at = first_round_at(curve, ACC_AT_FRACTION * s["final_accuracy"])
             mean = lambda key: sum(x.get(key) or 0.0 for x in rounds) / len(rounds)  # noqa: E731
-            params = s.get("finetune", {}).get("trainable_parameters",
-                                                 s["features"]["train_shape"][1] * s["features"]["num_classes"]
-                                                 + s["features"]["num_classes"])
+            params = (s["finetune"]["trainable_parameters"] if "finetune" in s  # the heads:
+                      else (s["features"]["train_shape"][1] + 1) * s["features"]["num_classes"])
             lines.append(f"| {partition} | {NAMES[method]} | {seed} | {s['final_accuracy']:.4f} | "
                          f"{s['best_accuracy']:.4f} | {r} | {at} | "
-                         f"{mean('client_train_seconds_mean'):.2f} | "
+                         f"{mean('client_train_seconds_mean'):.3f} | "
                          f"{mean('bytes_sent_per_client') / 1e6:.3f} | "
                          f"{mean('bytes_received_per_client') / 1e6:.3f} | {params:,} |")
         lines.append("")
