@@ -13,7 +13,7 @@ from ovalp_flwr.config import ConfigError, RunConfig
 from ovalp_flwr.finetune import client as finetune_client
 from ovalp_flwr.finetune import make_method
 from ovalp_flwr.finetune.flora import FLoRA, STATE_DELTA, STATE_ROUND
-from ovalp_flwr.finetune.lora import FedAvgLoRA, LoRAOptions, delta_weight
+from ovalp_flwr.finetune.lora import LoRAOptions, delta_weight
 from ovalp_flwr.local_grid import InProcessGrid, app_config
 from ovalp_flwr.server import run_server
 from ovalp_flwr.strategy import StagedFedAvg
