@@ -7,8 +7,9 @@ d = 1024 features, K = 100 classes and 500 samples per client. Here, on syntheti
 - client: `training.train_local`, the product's local round, at the paper's recipe (AdamW,
   3 epochs, batch 50) and at our default (SGD, the same steps);
 - server: FedAvg of `--clients` such replies (the staged strategy's own aggregation);
-- LoRA: one FedAvg-LoRA client round (`finetune`) of 500 synthetic images through
-  EfficientNet-Lite0 (random init: the speed does not depend on the weights) at 128 px.
+- encoder rounds: one FedAvg-LoRA and one full fine-tuning client round (`finetune`) of 500
+  synthetic images through EfficientNet-Lite0 (random init: the speed does not depend on the
+  weights) at 128 px, one epoch, batch 50.
 Each is timed `--repeats` times after a warm-up, with the device synchronised; the medians
 go to benchmarks/results/gpu_rounds_<device>.{json,md}.
 
@@ -81,10 +82,23 @@ def server_aggregation(dim: int, classes: int, clients: int, repeats: int) -> fl
     return timed(lambda: strategy.aggregate_train(1, replies), torch.device("cpu"), repeats)
 
 
-def lora_round(device: torch.device, samples: int, repeats: int, image_size: int) -> float | str:
-    """One FedAvg-LoRA client round through Lite0 on synthetic images."""
+def weighted_mean(dim: int, classes: int, clients: int, repeats: int) -> float:
+    """The arithmetic alone: a sample-weighted mean of `clients` float32 heads in NumPy (what
+    the staged FedAvg adds to it is Flower's record handling: each reply's arrays are
+    deserialized from bytes, once for the screen and once for the average)."""
+    rng = np.random.default_rng(0)
+    heads = rng.standard_normal((clients, classes * dim + classes), dtype=np.float32)
+    weights = np.full(clients, 1.0 / clients, np.float32)  # float32, as the heads
+    return timed(lambda: weights @ heads, torch.device("cpu"), repeats)
+
+
+def encoder_round(method_name: str, device: torch.device, samples: int, repeats: int,
+                  image_size: int) -> float | str:
+    """One client round of a fine-tuning baseline (`fedavg-lora` or `full`) through Lite0 on
+    synthetic images: softmax loss, AdamW, one epoch in batches of 50."""
     try:
         from ovalp_flwr.encoders import load_encoder
+        from ovalp_flwr.finetune.full import FullFineTuning
         from ovalp_flwr.finetune.lora import FedAvgLoRA, LoRAOptions
         from ovalp_flwr.finetune.model import build_classifier
         from ovalp_flwr.heads import loss_for
@@ -93,14 +107,14 @@ def lora_round(device: torch.device, samples: int, repeats: int, image_size: int
         return f"skipped: {err}"
     encoder = load_encoder("efficientnet-lite0", device="cpu", image_size=image_size,
                            pretrained=False)
-    method = FedAvgLoRA(LoRAOptions())
+    method = FedAvgLoRA(LoRAOptions()) if method_name == "fedavg-lora" else FullFineTuning()
     model = method.prepare(build_classifier(encoder, 10, 0, device))
     rng = np.random.default_rng(0)
     images = torch.from_numpy(rng.integers(0, 256, (samples, 32, 32, 3), dtype=np.uint8)).to(device)
     labels = torch.from_numpy(rng.integers(0, 10, samples)).to(device)
     params = [q for q in model.parameters() if q.requires_grad]
     schedule = LocalSchedule(epochs=1, batch_size=50, learning_rate=1e-3, optimizer="adamw")
-    return timed(lambda: fit(model, params, images, labels, loss_for("ova", 2), schedule,
+    return timed(lambda: fit(model, params, images, labels, loss_for("softmax", 2), schedule,
                              shuffle_generator(0, 1, 0)), device, repeats)
 
 
@@ -127,8 +141,12 @@ def main() -> None:
                                                  args.repeats, ours),
         "server_aggregation_seconds": server_aggregation(args.dim, args.classes, args.clients,
                                                          max(3, args.repeats // 4)),
-        "lora_client_round_seconds": lora_round(device, args.samples, max(2, args.repeats // 10),
-                                                args.image_size),
+        "server_weighted_mean_seconds": weighted_mean(args.dim, args.classes, args.clients,
+                                                      args.repeats),
+        "lora_client_round_seconds": encoder_round("fedavg-lora", device, args.samples,
+                                                   max(2, args.repeats // 10), args.image_size),
+        "full_client_round_seconds": encoder_round("full", device, args.samples,
+                                                   max(2, args.repeats // 10), args.image_size),
         "paper": {"client_round_seconds": 0.014, "server_aggregation_seconds": 0.0019},
     }
     OUT.mkdir(exist_ok=True)
@@ -144,8 +162,12 @@ def main() -> None:
              f"{fmt(result['client_round_seconds_sgd'])} | - |",
              f"| server FedAvg of {args.clients} replies | "
              f"{fmt(result['server_aggregation_seconds'])} | 1.9 ms |",
+             f"| of which the weighted mean alone (NumPy, {args.clients} heads) | "
+             f"{fmt(result['server_weighted_mean_seconds'])} | - |",
              f"| FedAvg-LoRA client round, Lite0 at {args.image_size} px, {args.samples} images, "
-             f"1 epoch | {fmt(result['lora_client_round_seconds'])} | - |", ""]
+             f"1 epoch | {fmt(result['lora_client_round_seconds'])} | - |",
+             f"| full fine-tuning client round, the same | "
+             f"{fmt(result['full_client_round_seconds'])} | - |", ""]
     stem.with_suffix(".md").write_text("\n".join(lines))
     print("\n".join(lines))
 

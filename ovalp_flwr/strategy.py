@@ -330,6 +330,7 @@ class Staged:
         then come out the same under Ray, in deployment and in process, bit for bit."""
         replies = sorted(replies, key=self._position)
         ok = [m for m in replies if not m.has_error()]
+        _say_failures(server_round, [m for m in replies if m.has_error()])
         accepted, rejections = self._screen(server_round, ok)
         trained = _with_data(accepted)
         start = time.perf_counter()
@@ -425,6 +426,14 @@ def _reply_costs(ok: list[Message], trained: list[Message], failures: int) -> di
         "client_train_seconds_max": float(np.max(seconds)) if seconds else None,
         "bytes_received_per_client": float(np.mean(received)) if received else None,
     }
+
+
+def _say_failures(server_round: int, failed: list[Message]) -> None:
+    """One warning per round with failed train replies, with the first one's reason: a round
+    whose every client failed must not pass for one that trained."""
+    if failed:
+        say(WARNING, "round %s: %d client(s) failed; node %s said: %s", server_round,
+            len(failed), failed[0].metadata.src_node_id, failed[0].error.reason)
 
 
 def _with_data(replies: Iterable[Message]) -> list[Message]:

@@ -126,7 +126,8 @@ def _sgd_step(params: list[torch.nn.Parameter], lr: float, weight_decay: float
     @torch.no_grad()
     def step() -> None:
         for param in params:
-            param.add_(param.grad.add(param, alpha=weight_decay), alpha=-lr)
+            if param.grad is not None:  # as torch.optim: a parameter the loss missed stays
+                param.add_(param.grad.add(param, alpha=weight_decay), alpha=-lr)
 
     return step
 
@@ -141,11 +142,14 @@ def _adamw_step(params: list[torch.nn.Parameter], lr: float, weight_decay: float
 
     @torch.no_grad()
     def step() -> None:
-        torch._foreach_add_(steps, 1)
-        torch._fused_adamw_(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, [], steps,
-                            amsgrad=False, lr=lr, beta1=betas[0], beta2=betas[1],
-                            weight_decay=weight_decay, eps=eps, maximize=False,
-                            grad_scale=None, found_inf=None)
+        # as torch.optim: a parameter the loss missed (grad None) neither moves nor counts a step
+        live = [i for i, p in enumerate(params) if p.grad is not None]
+        pick = lambda tensors: [tensors[i] for i in live]  # noqa: E731
+        torch._foreach_add_(pick(steps), 1)
+        torch._fused_adamw_(pick(params), [params[i].grad for i in live], pick(exp_avgs),
+                            pick(exp_avg_sqs), [], pick(steps), amsgrad=False, lr=lr,
+                            beta1=betas[0], beta2=betas[1], weight_decay=weight_decay, eps=eps,
+                            maximize=False, grad_scale=None, found_inf=None)
 
     return step
 

@@ -164,6 +164,26 @@ def test_flora_nodes_that_sat_rounds_out_merge_what_they_missed(tmp_path):
         assert pristine.shape == dict(built.model.named_parameters())[name].shape
 
 
+@pytest.mark.parametrize("name", ["tiny-cnn", "tiny-bert", "minilm", "efficientnet-lite0"])
+def test_full_fine_tuning_reaches_every_parameter_of_the_encoder(name):
+    """Every tensor that full fine-tuning sends gets a gradient: MiniLM was built with BERT's
+    pooler, which mean pooling never reads, and its None gradient failed every client."""
+    from ovalp_flwr.encoders import load_encoder
+    from ovalp_flwr.finetune.full import FullFineTuning
+    from ovalp_flwr.finetune.model import build_classifier
+
+    encoder = load_encoder(name, device="cpu", pretrained=False)
+    model = FullFineTuning().prepare(build_classifier(encoder, 4, 0, torch.device("cpu")))
+    if encoder.modality == "text":
+        tokens = encoder.tokenize(["a short text", "and another, longer one"])
+        inputs = torch.stack([tokens["input_ids"], tokens["attention_mask"]], dim=1)
+    else:
+        inputs = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
+    model(inputs).sum().backward()
+    missed = [n for n, q in model.named_parameters() if q.requires_grad and q.grad is None]
+    assert not missed
+
+
 def test_a_text_encoder_trains_with_lora_on_its_attention(tmp_path):
     summary, grid, built = run(tmp_path, finetune="fedavg-lora", encoder="tiny-bert",
                                dataset="ag-news", **{"limit-per-class": 10})

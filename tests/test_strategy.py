@@ -1,11 +1,12 @@
 """The staged FedAvg: the server decides the stage, weights by samples, skips empty clients."""
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from ovalp_flwr import protocol as p
 from ovalp_flwr.config import RunConfig
+from ovalp_flwr.console import MARK
 from ovalp_flwr.local_grid import InProcessGrid
 from ovalp_flwr.server import make_strategy
 from ovalp_flwr.strategy import ControlVariates, StagedFedAdam, StagedFedAvg
@@ -85,6 +86,19 @@ def test_fedavg_weights_by_sample_count_and_ignores_empty_clients():
     assert strategy.rounds[1]["clients_trained"] == 2
     assert strategy.rounds[1]["clients_replied"] == 3
     assert np.isclose(strategy.rounds[1]["train_loss"], (1 * 1 + 4 * 3) / 4)
+
+
+def test_failed_replies_are_counted_and_the_first_reason_is_logged(caplog):
+    """A round whose clients all fail must say why, not pass for a round that trained."""
+    strategy, sent = requests(3)
+    failed = [Message(Error(code=0, reason=f"TypeError: boom {i}"), reply_to=m)
+              for i, m in enumerate(sent[1:])]
+    arrays, _ = strategy.aggregate_train(1, [reply(sent[0], 2.0, 5), *failed])
+    assert np.allclose(arrays["weight"].numpy(), 2.0)
+    assert (strategy.rounds[1]["clients_failed"], strategy.rounds[1]["clients_trained"]) == (2, 1)
+    said = [r.getMessage() for r in caplog.records if "client(s) failed" in r.getMessage()]
+    assert said == [f"{MARK}round 1: 2 client(s) failed; node {sent[1].metadata.dst_node_id} said: "
+                    "TypeError: boom 0"]
 
 
 def test_round_of_only_empty_clients_keeps_the_global_model():

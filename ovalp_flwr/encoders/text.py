@@ -50,14 +50,17 @@ def _import_transformers() -> Any:
 
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[Any]:
-    """transformers without its weight-loading progress bar (the cache prints its own)."""
+    """transformers without its weight-loading progress bar (the cache prints its own) and
+    its load report (which lists the checkpoint's pooler: we build the network without it)."""
     transformers = _import_transformers()
     logging = transformers.utils.logging
-    was_enabled = logging.is_progress_bar_enabled()
+    was_enabled, verbosity = logging.is_progress_bar_enabled(), logging.get_verbosity()
     logging.disable_progress_bar()
+    logging.set_verbosity_error()
     try:
         yield transformers
     finally:
+        logging.set_verbosity(verbosity)
         if was_enabled:
             logging.enable_progress_bar()
 
@@ -186,12 +189,15 @@ class MiniLMSpec:
         with _quiet_transformers() as transformers:
             # local_files_only: what HF_HUB_OFFLINE=1 does, for these two calls only
             tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            # no pooler: mean pooling never reads it, and under full fine-tuning it would
+            # travel untrained (and get no gradient)
             if opts.pretrained:
-                model = transformers.AutoModel.from_pretrained(folder, local_files_only=True)
+                model = transformers.AutoModel.from_pretrained(folder, local_files_only=True,
+                                                               add_pooling_layer=False)
             else:
                 config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
                 with _seeded(False):
-                    model = transformers.AutoModel.from_config(config)
+                    model = transformers.AutoModel.from_config(config, add_pooling_layer=False)
         _check_dim(name, model.config.hidden_size, self.feature_dim)
         tokenize = _hf_tokenizer(tokenizer, identity["tokenizer"]["max_length"])
         return TextEncoder(name, model, tokenize, identity, device, dtype=opts.dtype)
