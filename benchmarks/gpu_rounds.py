@@ -97,9 +97,9 @@ def encoder_round(method_name: str, device: torch.device, samples: int, repeats:
     """One client round of a fine-tuning baseline (`fedavg-lora` or `full`) through Lite0 on
     synthetic images: softmax loss, AdamW, one epoch in batches of 50."""
     try:
+        from ovalp_flwr.config import RunConfig
         from ovalp_flwr.encoders import load_encoder
-        from ovalp_flwr.finetune.full import FullFineTuning
-        from ovalp_flwr.finetune.lora import FedAvgLoRA, LoRAOptions
+        from ovalp_flwr.finetune import make_method
         from ovalp_flwr.finetune.model import build_classifier
         from ovalp_flwr.heads import loss_for
         from ovalp_flwr.training import fit
@@ -107,7 +107,7 @@ def encoder_round(method_name: str, device: torch.device, samples: int, repeats:
         return f"skipped: {err}"
     encoder = load_encoder("efficientnet-lite0", device="cpu", image_size=image_size,
                            pretrained=False)
-    method = FedAvgLoRA(LoRAOptions()) if method_name == "fedavg-lora" else FullFineTuning()
+    method = make_method(RunConfig(finetune=method_name))
     model = method.prepare(build_classifier(encoder, 10, 0, device))
     rng = np.random.default_rng(0)
     images = torch.from_numpy(rng.integers(0, 256, (samples, 32, 32, 3), dtype=np.uint8)).to(device)

@@ -11,7 +11,7 @@ for them (`STATISTICS_KIND`) and the reply carries them (`STATISTICS`): no extra
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, Message
 
 DESCRIBE = "query.describe"
 SET_NORM = "query.set_norm"
@@ -60,3 +60,10 @@ def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
 
 def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {key: value.numpy() for key, value in record.items()}
+
+
+def describe_failures(failed: list[Message]) -> str:
+    """One line for a batch of error replies: how many, and the first one's node and reason."""
+    first = failed[0]
+    return (f"{len(failed)} client(s) failed; node {first.metadata.src_node_id} said: "
+            f"{first.error.reason}")

@@ -554,9 +554,7 @@ def exchange(grid: Grid, message_type: str, contents: dict[int, RecordDict],
                   time.perf_counter() - started)
     failed = [m for m in replies if m.has_error()]
     if failed:
-        raise FederationError(
-            f"{message_type}: {len(failed)} client(s) failed; node {failed[0].metadata.src_node_id} "
-            f"said: {failed[0].error.reason}")
+        raise FederationError(f"{message_type}: {p.describe_failures(failed)}")
     if len(replies) != len(messages):
         raise FederationError(f"{message_type}: {len(replies)} of {len(messages)} clients replied")
     return {m.metadata.src_node_id: m.content for m in replies}

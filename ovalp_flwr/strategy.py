@@ -35,8 +35,8 @@ from flwr.supercore import log
 from ovalp_flwr.checkpoint import pack, unpack
 from ovalp_flwr.console import say
 from ovalp_flwr.protocol import (ACCURACY, ARRAYS, CORRECTION, LOCAL_STEPS, METRICS,
-                                 NUM_EXAMPLES, STAGE, TRAIN_LOSS, TRAIN_SECONDS, from_record,
-                                 to_record)
+                                 NUM_EXAMPLES, STAGE, TRAIN_LOSS, TRAIN_SECONDS,
+                                 describe_failures, from_record, to_record)
 
 # (node, arrays, metrics, the global arrays it was sent) -> why the train reply is refused, or None
 ReplyCheck = Callable[[int, dict[str, np.ndarray], dict, dict[str, np.ndarray]], "str | None"]
@@ -330,7 +330,9 @@ class Staged:
         then come out the same under Ray, in deployment and in process, bit for bit."""
         replies = sorted(replies, key=self._position)
         ok = [m for m in replies if not m.has_error()]
-        _say_failures(server_round, [m for m in replies if m.has_error()])
+        if len(ok) < len(replies):  # a round whose clients all failed must say why
+            say(WARNING, "round %s: %s", server_round,
+                describe_failures([m for m in replies if m.has_error()]))
         accepted, rejections = self._screen(server_round, ok)
         trained = _with_data(accepted)
         start = time.perf_counter()
@@ -426,14 +428,6 @@ def _reply_costs(ok: list[Message], trained: list[Message], failures: int) -> di
         "client_train_seconds_max": float(np.max(seconds)) if seconds else None,
         "bytes_received_per_client": float(np.mean(received)) if received else None,
     }
-
-
-def _say_failures(server_round: int, failed: list[Message]) -> None:
-    """One warning per round with failed train replies, with the first one's reason: a round
-    whose every client failed must not pass for one that trained."""
-    if failed:
-        say(WARNING, "round %s: %d client(s) failed; node %s said: %s", server_round,
-            len(failed), failed[0].metadata.src_node_id, failed[0].error.reason)
 
 
 def _with_data(replies: Iterable[Message]) -> list[Message]:
