@@ -1,14 +1,20 @@
 # The README's two commands. Both build .venv on first use (offline-safe: only the
 # package registry is needed) and pass ARGS through.
 #   make run  ARGS="--run-config \"head='softmax'\""   (VERBOSE=1: Flower's and Ray's log too)
-#   make test ARGS="-k partition"
+#   make test ARGS="-k partition"   (WORKERS=0: in this process, no pytest-xdist)
+#   make test-fast                  the in-process tests only: the edit loop
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NUM_SUPERNODES ?= 100
+# pytest-xdist workers; the e2e tests start first and wait on Flower much of the time, so a
+# third worker keeps both cores busy (tests/conftest.py)
+WORKERS ?= 3
+FAST_WORKERS ?= 2
+xdist = -n $(1) $(if $(filter 0,$(1)),,--maxschedchunk 1)
 
-.PHONY: run test install clean
+.PHONY: run test test-fast install clean
 
 install: $(STAMP)
 
@@ -28,7 +34,10 @@ run: $(STAMP)
 	@$(PY) -m ovalp_flwr.launch --num-supernodes $(NUM_SUPERNODES) $(if $(VERBOSE),--verbose) -- $(ARGS)
 
 test: $(STAMP)
-	@$(PY) -m pytest -q $(ARGS)
+	@$(PY) -m pytest -q $(call xdist,$(WORKERS)) $(ARGS)
+
+test-fast: $(STAMP)
+	@$(PY) -m pytest -q -m "not e2e" $(call xdist,$(FAST_WORKERS)) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .flwr

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, for a machine that has a CUDA PyTorch but not this project's
 # environment (a lent GPU machine gets the repository alone, without network or ../shared):
-#   1. the CUDA-marked tests (tests/test_cuda.py: CUDA against the CPU),
+#   1. the CUDA-marked tests (tests/test_devices.py: CUDA against the CPU),
 #   2. benchmarks/gpu_rounds.py (seconds per OvA-LP / LoRA / full fine-tuning round),
 #   3. the unit tests of the training paths with device "auto", i.e. on CUDA.
 # Packages the machine lacks travel as wheels in .whl/ (README, "Fine-tuning the encoder"),
@@ -23,7 +23,7 @@ print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.
       'timm', timm.__version__, 'peft', peft.__version__, 'transformers',
       transformers.__version__, 'flwr', flwr.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 
-timeout 150 python3 -m pytest -v -p no:cacheprovider -m cuda tests/test_cuda.py 2>&1 \
+timeout 150 python3 -m pytest -v -p no:cacheprovider -m cuda tests/test_devices.py 2>&1 \
   | tee "$OUT/cuda-tests.log"
 timeout 150 python3 benchmarks/gpu_rounds.py 2>&1 | tee "$OUT/gpu-rounds.log"
 cp benchmarks/results/gpu_rounds_cuda.* "$OUT/" 2>/dev/null
@@ -31,6 +31,6 @@ SUITE_SECONDS=${SUITE_SECONDS:-150}  # 0: skip step 3
 if [ "$SUITE_SECONDS" -gt 0 ]; then
   timeout "$SUITE_SECONDS" python3 -m pytest -v -p no:cacheprovider -m "not e2e and not cuda" \
     tests/test_training.py tests/test_heads.py tests/test_head_init.py tests/test_model.py \
-    tests/test_finetune.py tests/test_personalize_methods.py tests/test_federated.py 2>&1 \
+    tests/test_finetune.py tests/test_personalize.py tests/test_server.py 2>&1 \
     | tee "$OUT/suite-on-cuda.log"
 fi

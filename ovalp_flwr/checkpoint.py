@@ -8,7 +8,7 @@ round's record so far, and what the rounds depend on: the run config and the dig
 global feature statistics. With `resume = true` a run with that `run-name` continues from
 it. Clients keep no state between rounds, and sampling and shuffling are seeded by (seed,
 round), so a resumed run ends as the uninterrupted one would, bit for bit on CPU
-(tests/test_reliability.py).
+(tests/test_checkpoint.py).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+import pytest
 import yaml
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
@@ -30,6 +31,7 @@ def binary(service: dict) -> str:
     return ENTRYPOINTS.get(image, "flower-superexec")  # built services extend flwr/superexec
 
 
+@pytest.mark.slow
 def test_every_flag_in_the_compose_file_exists_in_the_installed_flower():
     for name, service in compose()["services"].items():
         used = {a for a in service["command"] if a.startswith("--")}

@@ -214,6 +214,7 @@ def _probe_accuracy(features: np.ndarray, labels: np.ndarray, n_train: int) -> f
     return probe.score(features[n_train:], labels[n_train:])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CIFAR_ZIP.exists(), reason=f"needs the offline CIFAR-10 at {CIFAR_ZIP}")
 def test_pretrained_beats_random_init_on_a_linear_probe(lite0) -> None:
     """The loaded weights are really the ImageNet network. Natural images, not digits: on
@@ -270,6 +271,7 @@ def test_hub_preprocessing_values() -> None:
     assert encoder_identity("vit-b32", image_size=64)["preprocessing"]["image_size"] == 64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(HUB_IMAGE))
 def test_hub_random_init_encodes(name: str) -> None:
     """pretrained=False: the same architecture, seeded, no network; 2 images at the native size

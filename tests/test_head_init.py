@@ -1,6 +1,5 @@
 """Closed-form starts: the clients' summed statistics, the heads built from them, whole runs."""
 
-import logging
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from ovalp_flwr.normalize import FeatureMoments, NormStats, normalize
 from ovalp_flwr.partition import PartitionSpec, partition_indices
 from ovalp_flwr.results import read_summary
 
-logging.getLogger("flwr").setLevel(logging.WARNING)
 CLIENTS = 20
 
 

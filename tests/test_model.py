@@ -1,6 +1,5 @@
 """The model on the cached features: the heads alone, or an adapter B under them."""
 
-import logging
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ from ovalp_flwr.model import (AdapterHead, LinearProbe, initial_adapter, model_f
                               model_to_numpy)
 from ovalp_flwr.results import read_summary
 
-logging.getLogger("flwr").setLevel(logging.WARNING)
 
 
 def test_arrays_say_which_model_they_are_and_round_trip():

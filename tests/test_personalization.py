@@ -2,7 +2,6 @@
 definitions, every method through the real ClientApp, reproducibility, saved models."""
 
 import csv
-import logging
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from ovalp_flwr.personalize.metrics import CrossScores, per_client, summarize
 from ovalp_flwr.personalize.store import read_model
 from ovalp_flwr.results import read_summary
 
-logging.getLogger("flwr").setLevel(logging.WARNING)
 
 LABEL_SHIFT = {"partition": "bernoulli-dirichlet", "dirichlet-p": 1.0, "dirichlet-alpha": 0.1}
 SMALL_PFT = {"adapter-dim": 16, "head-init": "random", "num-server-rounds": 2, "pft-epochs": 3,
@@ -104,14 +102,17 @@ def test_every_method_runs_after_federation_with_per_client_rows_and_is_reproduc
 
 
 def test_a_node_with_a_model_dir_keeps_its_personalized_models(cache_dir, tmp_path):
+    """Every kind of model a method leaves (heads moved alone, in two phases, only the own
+    classes'); real SuperNodes keep theirs the same way (tests/test_deploy.py)."""
+    methods = ("ft", "lp", "lp-ft", "own-heads")
     node_configs = [{"model-dir": str(tmp_path / f"node{i}")} for i in range(3)]
     summary = read_summary(run_local({
         "encoder": "pixels", "feature-cache-dir": str(cache_dir), "results-dir": str(tmp_path),
-        "run-name": "kept", "num-server-rounds": 1, "pft-epochs": 2, "personalize": "ft lp"},
-        3, node_configs))
-    assert list(summary["personalization"]["methods"]) == ["global", "ft", "lp"]
+        "run-name": "kept", "num-server-rounds": 1, "pft-epochs": 2, "pft.lp-ft.lp-epochs": 1,
+        "personalize": " ".join(methods)}, 3, node_configs))
+    assert list(summary["personalization"]["methods"]) == ["global", *methods]
     for i in range(3):
-        for method in ("ft", "lp"):
+        for method in methods:
             arrays, metadata = read_model(tmp_path / f"node{i}" / "kept" / f"{method}.safetensors")
             assert metadata["partition-id"] == str(i) and metadata["method"] == method
             assert arrays["weight"].shape == (10, 64)

@@ -1,7 +1,6 @@
 """The preset report: numbers checked by hand on fabricated runs, then one report of real runs."""
 
 import csv
-import logging
 import subprocess
 import sys
 
@@ -12,7 +11,6 @@ from ovalp_flwr.report import main
 from ovalp_flwr.results import read_summary, write_run
 from ovalp_flwr.sweep import load_preset, sweep
 
-logging.getLogger("flwr").setLevel(logging.WARNING)
 
 ABLATION = """\
 [preset]
@@ -345,6 +343,7 @@ def test_zero_runs_is_a_one_line_error(tmp_path):
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.slow
 def test_report_of_real_local_runs(tmp_path):
     text = ABLATION.replace("seeds = [0, 1]", "seeds = [0]").replace(
         "num-server-rounds = 4",

@@ -1,6 +1,5 @@
 """The statistics under Flower's SecAgg+: the server gets the sums, and only the sums."""
 
-import logging
 
 import numpy as np
 import pytest
@@ -14,7 +13,6 @@ from ovalp_flwr.local_grid import InProcessGrid, app_config, run_local
 from ovalp_flwr.results import read_summary
 from ovalp_flwr.server import FederationError, StatisticsSum, run_server
 
-logging.getLogger("flwr").setLevel(logging.WARNING)
 CLIENTS = 12
 
 

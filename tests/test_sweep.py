@@ -105,6 +105,7 @@ def test_run_config_arg_quotes_strings_only():
         "head='ova' seed=3 noise-rate=0.5"
 
 
+@pytest.mark.slow
 def test_sweep_runs_what_is_missing_and_resumes(tmp_path, capsys):
     preset = load_preset(write(tmp_path, TINY))
     specs = select(preset.runs(), ["seed=0"])

@@ -1,6 +1,5 @@
 """Nodes that own their data (deployment): each builds and keeps the cache of its local data."""
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,6 @@ from ovalp_flwr.local_grid import run_local
 from ovalp_flwr.results import read_summary
 from ovalp_flwr.server import FederationError
 
-logging.getLogger("flwr").setLevel(logging.WARNING)
 
 DATASET = "folder:digits"
 

@@ -1,7 +1,7 @@
-"""Faults a real federation meets, in process: replies that are not what they claim, nodes that
-describe themselves impossibly, nodes that never answer (README, "Reliability")."""
+"""Reply validation, in process: replies that are not what they claim and nodes that describe
+themselves impossibly are rejected or left out (README, "Reliability"). `FaultyGrid` and
+`faulty_run` serve the checkpoint and server tests too."""
 
-import logging
 
 import numpy as np
 import pytest
@@ -15,7 +15,6 @@ from ovalp_flwr.local_grid import InProcessGrid, app_config
 from ovalp_flwr.results import read_summary
 from ovalp_flwr.server import run_server
 
-logging.getLogger("flwr").setLevel(logging.WARNING)
 
 BAD_PARTITION = 1
 
@@ -119,110 +118,3 @@ def test_a_node_that_describes_itself_impossibly_is_left_out(cache_dir, tmp_path
     assert summary["final_accuracy"] > 0.85
     left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert len(left_out) == 1 and reason in left_out[0]
-
-
-def test_a_node_that_never_answers_is_recorded_as_timed_out_after_the_round_timeout(
-        cache_dir, tmp_path):
-    """The reply is lost as after `round-timeout` seconds (the wait itself is Flower's: the
-    deployment test freezes a real SuperNode)."""
-    hung = in_training(lambda r, msg, reply: None)
-    grid, summary = faulty_run(cache_dir, tmp_path, hung, 2, "hung", **{"round-timeout": 7.5})
-    assert [(r["clients_trained"], r["clients_timed_out"]) for r in summary["rounds"]] == [
-        (3, 1), (3, 1)]
-    # each round's train and evaluate exchanges wait round-timeout; the set-up waits as before
-    assert [t for t in grid.timeouts if t is not None] == [7.5] * 4
-
-
-class ServerDied(Exception):
-    """What the ServerApp process meets when it is killed: nothing after it runs."""
-
-
-def crash_before(server_round: int):
-    """A fault that kills the server as round `server_round`'s train messages go out."""
-    def fault(message, reply):
-        if (message.metadata.message_type == "train"
-                and int(message.content[p.CONFIG]["server-round"]) == server_round):
-            raise ServerDied(f"killed in round {server_round}")
-        return reply
-    return fault
-
-
-class DyingGrid(FaultyGrid):
-    """Its fault runs as messages go out, where an exception ends the server (in delivery it
-    would become the node's error reply)."""
-
-    trained_rounds: set[int] = set()  # of every DyingGrid: the rounds whose train messages went out
-
-    def push_messages(self, messages):  # the crash must not become an error reply
-        messages = list(messages)
-        DyingGrid.trained_rounds |= {int(m.content[p.CONFIG]["server-round"]) for m in messages
-                                     if m.metadata.message_type == "train"}
-        for message in messages:
-            if message.metadata.dst_node_id == self.bad:
-                self.fault(message, None)
-        return super().push_messages(messages)
-
-
-def resumable_run(cache_dir, tmp_path, name, fault=None, node_seed=0, **overrides):
-    run_config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
-                  "results-dir": str(tmp_path / "results"), "num-server-rounds": 6,
-                  "run-name": name, "partition": "shard", **overrides}
-    grid = DyingGrid(client_app.app, 4, run_config, fault=fault or (lambda m, r: r),
-                     seed=node_seed)
-    return read_summary(run_server(grid, RunConfig.from_mapping(run_config)))
-
-
-def global_arrays(tmp_path, name):
-    from ovalp_flwr.checkpoint import read_checkpoint, unpack
-
-    checkpoint = read_checkpoint(tmp_path / "results" / name)
-    return checkpoint.round, unpack("global", checkpoint.arrays)
-
-
-@pytest.mark.parametrize("options", [
-    {},  # the default: SGD + SCAFFOLD (control variates on the server), ridge start
-    {"server-optimizer": "fedadam", "local-optimizer": "adamw", "drift-correction": "none",
-     "head-init": "random", "fraction-train": 0.5},  # FedAdam's moments, sampling
-], ids=["scaffold", "fedadam-sampled"])
-def test_a_run_killed_after_round_3_and_resumed_ends_as_the_uninterrupted_run(
-        cache_dir, tmp_path, options):
-    whole = resumable_run(cache_dir, tmp_path, "whole", **options)
-    with pytest.raises(ServerDied):
-        resumable_run(cache_dir, tmp_path, "killed", fault=crash_before(4), **options)
-    assert global_arrays(tmp_path, "killed")[0] == 3
-    # a new server process, the nodes reconnected under other ids
-    DyingGrid.trained_rounds = set()
-    resumed = resumable_run(cache_dir, tmp_path, "killed", node_seed=9, resume=True, **options)
-    same = ("round", "accuracy", "train_loss", "clients_trained", "bytes_received_per_client")
-    assert [[r[k] for k in same] for r in resumed["rounds"]] == \
-        [[r[k] for k in same] for r in whole["rounds"]]
-    assert resumed["initial_accuracy"] == whole["initial_accuracy"]
-    assert resumed["resumes"][0]["round"] == 3 and "resumes" not in whole
-    assert DyingGrid.trained_rounds == {4, 5, 6}  # rounds 1-3 were not trained again
-    (_, a), (_, b) = global_arrays(tmp_path, "whole"), global_arrays(tmp_path, "killed")
-    assert all(np.array_equal(a[key], b[key]) for key in a)
-
-
-def test_a_resume_refuses_another_config_and_a_corrupted_checkpoint(cache_dir, tmp_path):
-    from ovalp_flwr.config import ConfigError
-
-    resumable_run(cache_dir, tmp_path, "done", **{"num-server-rounds": 2})
-    with pytest.raises(ConfigError, match=r"learning-rate=0\.5 .*checkpoint to resume has "
-                                          r"learning-rate=0\.05"):
-        resumable_run(cache_dir, tmp_path, "done", resume=True, **{"learning-rate": 0.5})
-    # a finished run resumed with more rounds goes on; with as many it only rewrites its results
-    longer = resumable_run(cache_dir, tmp_path, "done", resume=True, **{"num-server-rounds": 3})
-    assert [r["round"] for r in longer["rounds"]] == [1, 2, 3]
-    path = tmp_path / "results" / "done" / "checkpoint.safetensors"
-    blob = bytearray(path.read_bytes())
-    blob[-1] ^= 0xFF
-    path.write_bytes(bytes(blob))
-    with pytest.raises(ConfigError, match="sha256 mismatch"):
-        resumable_run(cache_dir, tmp_path, "done", resume=True, **{"num-server-rounds": 3})
-
-
-def test_resume_needs_a_run_name():
-    from ovalp_flwr.config import ConfigError
-
-    with pytest.raises(ConfigError, match="resume=True .*set run-name"):
-        RunConfig.from_mapping({**app_config(), "resume": True})

@@ -1,8 +1,12 @@
-"""One real `flwr run` on Ray virtual SuperNodes, through the launcher `make run` uses."""
+"""The launcher `make run` uses: real `flwr run`s on Ray virtual SuperNodes (e2e), the app folder
+Flower packs, and SIGTERM to a test session or a CLI stopping what it started, by PID."""
 
 import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -10,10 +14,9 @@ import pytest
 
 from ovalp_flwr import launch
 from ovalp_flwr.cache import load_or_build
+from ovalp_flwr.launch import _alive, _exit_on_sigterm, sigterm_unwinds
 from ovalp_flwr.local_grid import run_local
 from ovalp_flwr.results import read_summary
-
-pytestmark = pytest.mark.e2e
 
 
 def processes_of(flwr_home: Path) -> set[int]:
@@ -45,6 +48,7 @@ def left_behind(flwr_home: Path, grace: float = 10.0) -> set[int]:
 LINES_BESIDES_ROUNDS = 12
 
 
+@pytest.mark.e2e
 def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd, monkeypatch):
     """Partition 1 sends NaN in every train reply (`OVALP_CHAOS`, here and in process): the
     server rejects them on Ray as in process."""
@@ -99,6 +103,7 @@ def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd, monke
     assert left_behind(flwr_home) == set()
 
 
+@pytest.mark.e2e
 def test_flwr_run_with_a_bad_config_fails_with_one_line(tmp_path, capfd):
     flwr_home = tmp_path / "flwr-home"
     code = launch.simulate(launch.PROJECT, num_supernodes=2, flwr_home=flwr_home,
@@ -110,6 +115,7 @@ def test_flwr_run_with_a_bad_config_fails_with_one_line(tmp_path, capfd):
     assert left_behind(flwr_home) == set()
 
 
+@pytest.mark.e2e
 def test_a_run_flower_refuses_shows_the_cause_from_the_superlinks_log(tmp_path, capfd):
     """Past the launcher's own checks (here: `simulate` called directly), Flower's refusal
     `[code: 15] Invalid run configuration.` comes with its cause, read from the SuperLink's log."""
@@ -123,6 +129,7 @@ def test_a_run_flower_refuses_shows_the_cause_from_the_superlinks_log(tmp_path, 
     assert left_behind(flwr_home) == set()
 
 
+@pytest.mark.e2e
 def test_flwr_run_personalizes_with_every_method_as_the_in_process_runner_does(tmp_path, capfd):
     """Personalization through `flwr run` on Ray: per-client and summary metrics for every
     method, identical to the in-process runner's for the same seed."""
@@ -156,6 +163,7 @@ def test_flwr_run_personalizes_with_every_method_as_the_in_process_runner_does(t
     assert left_behind(flwr_home) == set(), "the run left Flower/Ray processes behind"
 
 
+@pytest.mark.e2e
 def test_flwr_run_trains_flora_on_ray_as_the_in_process_runner_does(tmp_path, capfd):
     """FLoRA keeps each node's merged update in its context state: on Ray's virtual nodes the
     run is the in-process one, bit for bit (a tiny random encoder, raw digits)."""
@@ -180,3 +188,101 @@ def test_flwr_run_trains_flora_on_ray_as_the_in_process_runner_does(tmp_path, ca
         [(r["accuracy"], r["train_loss"], r["bytes_sent_per_client"]) for r in local["rounds"]]
     assert ray["rounds"][1]["bytes_sent_per_client"] > ray["rounds"][0]["bytes_sent_per_client"]
     assert left_behind(flwr_home) == set(), "the run left Flower/Ray processes behind"
+
+
+# --- SIGTERM stops what a test session or a CLI started, by PID ---------------------------------
+
+TESTS = Path(__file__).resolve().parent
+PROJECT = TESTS.parent
+
+# a test that starts a process the way the e2e tests do, stops it in `finally`, and waits
+STARTS_A_PROCESS = """\
+import subprocess, time
+from pathlib import Path
+from ovalp_flwr.launch import stop_group
+
+def test_waits(tmp_path):
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        staged = Path(__file__).parent / "child.pid.tmp"
+        staged.write_text(str(child.pid))
+        staged.rename(staged.with_suffix(""))  # the reader never sees a half-written file
+        time.sleep(120)
+    finally:
+        stop_group(child, grace=5)
+"""
+
+
+def _term_pytest_mid_test(tmp_path: Path, *plugin: str) -> tuple[int, int]:
+    """Run the test above, SIGTERM pytest once the child runs: (pytest's exit code, child pid).
+    The inner session is killed by PID if it does not end by itself."""
+    (tmp_path / "test_waits.py").write_text(STARTS_A_PROCESS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(PROJECT)])}
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                *plugin, "test_waits.py"], cwd=tmp_path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pid_file = tmp_path / "child.pid"
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pid_file.exists(), "the inner test never started its process"
+        child = int(pid_file.read_text())
+        session.send_signal(signal.SIGTERM)
+        return session.wait(timeout=60), child
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
+
+
+def test_sigterm_to_the_test_session_stops_what_the_running_test_started(tmp_path):
+    code, child = _term_pytest_mid_test(tmp_path, "-p", "conftest")
+    try:
+        assert code == 2  # pytest: interrupted
+        assert not _alive(child)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_without_the_session_handler_sigterm_leaves_the_process_behind(tmp_path):
+    """The control: what the conftest handler prevents does happen without it."""
+    code, child = _term_pytest_mid_test(tmp_path)
+    try:
+        assert code == -signal.SIGTERM
+        assert _alive(child)
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_sigterm_unwinds_while_its_block_runs_and_leaves_other_handlers_alone():
+    session_handler = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with sigterm_unwinds():
+            assert signal.getsignal(signal.SIGTERM) is _exit_on_sigterm
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        signal.signal(signal.SIGTERM, session_handler)
+        with sigterm_unwinds():  # someone else's handler (the test session's) stays
+            assert signal.getsignal(signal.SIGTERM) is session_handler
+        assert signal.getsignal(signal.SIGTERM) is session_handler
+    finally:
+        signal.signal(signal.SIGTERM, session_handler)
+
+
+# --- the folder `flwr run` packs ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_flwr_run_packs_the_same_app_from_the_packable_folder(tmp_path):
+    """The launchers hand `flwr run` a folder of only what it packs (no .venv to list file by
+    file): the FAB, hash included, is the one Flower builds from the project folder itself."""
+    from flwr.cli.build import build_fab_from_disk
+
+    with launch.packable_app(launch.PROJECT, tmp_path) as folder:
+        assert (folder / "ovalp_flwr" / "launch.py").is_file() and not (folder / ".venv").exists()
+        pyproject = folder / "pyproject.toml"  # a copy: Flower may rewrite a legacy one
+        assert pyproject.stat().st_ino != (launch.PROJECT / "pyproject.toml").stat().st_ino
+        assert build_fab_from_disk(folder) == build_fab_from_disk(launch.PROJECT)
+    assert list(tmp_path.iterdir()) == []  # gone once the run is

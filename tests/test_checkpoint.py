@@ -1,0 +1,108 @@
+"""Checkpoint and resume, in process: a run killed after round 3 and resumed is the uninterrupted
+run; a resume refuses another config and a corrupted checkpoint (README, "Reliability")."""
+
+import numpy as np
+import pytest
+
+import client_app
+from ovalp_flwr import protocol as p
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.local_grid import app_config
+from ovalp_flwr.results import read_summary
+from ovalp_flwr.server import run_server
+from test_validation import FaultyGrid  # tests/ is on sys.path under pytest
+
+
+class ServerDied(Exception):
+    """What the ServerApp process meets when it is killed: nothing after it runs."""
+
+
+def crash_before(server_round: int):
+    """A fault that kills the server as round `server_round`'s train messages go out."""
+    def fault(message, reply):
+        if (message.metadata.message_type == "train"
+                and int(message.content[p.CONFIG]["server-round"]) == server_round):
+            raise ServerDied(f"killed in round {server_round}")
+        return reply
+    return fault
+
+
+class DyingGrid(FaultyGrid):
+    """Its fault runs as messages go out, where an exception ends the server (in delivery it
+    would become the node's error reply)."""
+
+    trained_rounds: set[int] = set()  # of every DyingGrid: the rounds whose train messages went out
+
+    def push_messages(self, messages):  # the crash must not become an error reply
+        messages = list(messages)
+        DyingGrid.trained_rounds |= {int(m.content[p.CONFIG]["server-round"]) for m in messages
+                                     if m.metadata.message_type == "train"}
+        for message in messages:
+            if message.metadata.dst_node_id == self.bad:
+                self.fault(message, None)
+        return super().push_messages(messages)
+
+
+def resumable_run(cache_dir, tmp_path, name, fault=None, node_seed=0, **overrides):
+    run_config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                  "results-dir": str(tmp_path / "results"), "num-server-rounds": 6,
+                  "run-name": name, "partition": "shard", **overrides}
+    grid = DyingGrid(client_app.app, 4, run_config, fault=fault or (lambda m, r: r),
+                     seed=node_seed)
+    return read_summary(run_server(grid, RunConfig.from_mapping(run_config)))
+
+
+def global_arrays(tmp_path, name):
+    from ovalp_flwr.checkpoint import read_checkpoint, unpack
+
+    checkpoint = read_checkpoint(tmp_path / "results" / name)
+    return checkpoint.round, unpack("global", checkpoint.arrays)
+
+
+@pytest.mark.parametrize("options", [
+    {},  # the default: SGD + SCAFFOLD (control variates on the server), ridge start
+    {"server-optimizer": "fedadam", "local-optimizer": "adamw", "drift-correction": "none",
+     "head-init": "random", "fraction-train": 0.5},  # FedAdam's moments, sampling
+], ids=["scaffold", "fedadam-sampled"])
+def test_a_run_killed_after_round_3_and_resumed_ends_as_the_uninterrupted_run(
+        cache_dir, tmp_path, options):
+    whole = resumable_run(cache_dir, tmp_path, "whole", **options)
+    with pytest.raises(ServerDied):
+        resumable_run(cache_dir, tmp_path, "killed", fault=crash_before(4), **options)
+    assert global_arrays(tmp_path, "killed")[0] == 3
+    # a new server process, the nodes reconnected under other ids
+    DyingGrid.trained_rounds = set()
+    resumed = resumable_run(cache_dir, tmp_path, "killed", node_seed=9, resume=True, **options)
+    same = ("round", "accuracy", "train_loss", "clients_trained", "bytes_received_per_client")
+    assert [[r[k] for k in same] for r in resumed["rounds"]] == \
+        [[r[k] for k in same] for r in whole["rounds"]]
+    assert resumed["initial_accuracy"] == whole["initial_accuracy"]
+    assert resumed["resumes"][0]["round"] == 3 and "resumes" not in whole
+    assert DyingGrid.trained_rounds == {4, 5, 6}  # rounds 1-3 were not trained again
+    (_, a), (_, b) = global_arrays(tmp_path, "whole"), global_arrays(tmp_path, "killed")
+    assert all(np.array_equal(a[key], b[key]) for key in a)
+
+
+def test_a_resume_refuses_another_config_and_a_corrupted_checkpoint(cache_dir, tmp_path):
+    from ovalp_flwr.config import ConfigError
+
+    resumable_run(cache_dir, tmp_path, "done", **{"num-server-rounds": 2})
+    with pytest.raises(ConfigError, match=r"learning-rate=0\.5 .*checkpoint to resume has "
+                                          r"learning-rate=0\.05"):
+        resumable_run(cache_dir, tmp_path, "done", resume=True, **{"learning-rate": 0.5})
+    # a finished run resumed with more rounds goes on; with as many it only rewrites its results
+    longer = resumable_run(cache_dir, tmp_path, "done", resume=True, **{"num-server-rounds": 3})
+    assert [r["round"] for r in longer["rounds"]] == [1, 2, 3]
+    path = tmp_path / "results" / "done" / "checkpoint.safetensors"
+    blob = bytearray(path.read_bytes())
+    blob[-1] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    with pytest.raises(ConfigError, match="sha256 mismatch"):
+        resumable_run(cache_dir, tmp_path, "done", resume=True, **{"num-server-rounds": 3})
+
+
+def test_resume_needs_a_run_name():
+    from ovalp_flwr.config import ConfigError
+
+    with pytest.raises(ConfigError, match="resume=True .*set run-name"):
+        RunConfig.from_mapping({**app_config(), "resume": True})
