@@ -167,6 +167,70 @@ def start_run(deployment: deploy.Deployment, run_config: str, outcome: dict) -> 
     return runner
 
 
+def checkpoint_round(run_dir: Path) -> int:
+    try:
+        checkpoint = read_checkpoint(run_dir)
+    except Exception:  # noqa: BLE001 - mid-replace on a slow disk: look again
+        return 0
+    return checkpoint.round if checkpoint else 0
+
+
+def wait_for_round(run_dir: Path, server_round: int, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while checkpoint_round(run_dir) < server_round:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no checkpoint of round {server_round} in {run_dir}")
+        time.sleep(0.3)
+
+
+def serverapp_pids(deployment: deploy.Deployment) -> list[int]:
+    found = []
+    for pid in descendants(deployment.server_runtime.pid):
+        with contextlib.suppress(OSError):
+            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
+
+
+def test_a_run_survives_its_serverapp_killed_and_its_superlink_restarted(tmp_path):
+    """Killed after its round-1 checkpoint, resumed; the SuperLink restarted (same
+    `--database`) after round 3, resumed again: the same rounds as the run uninterrupted. Two
+    SuperNodes: each resume describes the federation again, a message per node."""
+    flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
+    options = {"encoder": "pixels", "num-server-rounds": 4, "partition": "shard",
+               "feature-cache-dir": str(tmp_path / "cache"), "results-dir": str(results)}
+    run_config = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                          for k, v in {**options, "run-name": "survivor"}.items())
+    run_dir = results / "survivor"
+    outcomes: list[dict] = [{}, {}, {}]
+    with deploy.local_deployment(2, flwr_home) as deployment:
+        first = start_run(deployment, run_config, outcomes[0])
+        wait_for_round(run_dir, 1)
+        for pid in serverapp_pids(deployment):
+            os.kill(pid, signal.SIGKILL)
+        # at once, as a supervisor would: the SuperLink notices the dead run only after its
+        # heartbeats stop (minutes), and the new run does not wait for that
+        second = start_run(deployment, run_config + " resume=true", outcomes[1])
+        wait_for_round(run_dir, 3)
+        deploy.restart_superlink(deployment)
+        third = start_run(deployment, run_config + " resume=true", outcomes[2])
+        third.join(timeout=600)
+        first.join(timeout=60)
+        second.join(timeout=60)
+    code, final_line = outcomes[2]["result"]
+    assert code == 0 and final_line.startswith("0."), final_line
+    resumed = read_summary(run_dir)
+    assert [r["round"] for r in resumed["resumes"]][:1] == [1]
+    assert resumed["resumes"][-1]["round"] >= 3
+    whole = read_summary(run_local({**options, "run-name": "whole"}, 2))
+    assert [(r["accuracy"], r["train_loss"]) for r in resumed["rounds"]] == \
+        [(r["accuracy"], r["train_loss"]) for r in whole["rounds"]]
+    assert json.loads((run_dir / "summary.json").read_text())["final_accuracy"] == \
+        whole["final_accuracy"]
+    assert (run_dir / CHECKPOINT).exists()
+    assert left_behind(flwr_home) == set()
+
+
 def test_faulty_and_late_supernodes_leave_the_run_to_the_others(tmp_path, capfd):
     """A run of 5 rounds on real processes under Flower's default subprocess isolation (the
     SuperNodes start the apps themselves; the other deployments use process isolation), where
@@ -239,70 +303,6 @@ def test_faulty_and_late_supernodes_leave_the_run_to_the_others(tmp_path, capfd)
     late_log = (logs / "supernode-5.log").read_text(errors="replace")
     assert late_log.count("Receiving: train message") == late_log.count(
         "Sending: train message") == 6 - first
-    assert left_behind(flwr_home) == set()
-
-
-def checkpoint_round(run_dir: Path) -> int:
-    try:
-        checkpoint = read_checkpoint(run_dir)
-    except Exception:  # noqa: BLE001 - mid-replace on a slow disk: look again
-        return 0
-    return checkpoint.round if checkpoint else 0
-
-
-def wait_for_round(run_dir: Path, server_round: int, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while checkpoint_round(run_dir) < server_round:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no checkpoint of round {server_round} in {run_dir}")
-        time.sleep(0.3)
-
-
-def serverapp_pids(deployment: deploy.Deployment) -> list[int]:
-    found = []
-    for pid in descendants(deployment.server_runtime.pid):
-        with contextlib.suppress(OSError):
-            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-    return found
-
-
-def test_a_run_survives_its_serverapp_killed_and_its_superlink_restarted(tmp_path):
-    """Killed after its round-1 checkpoint, resumed; the SuperLink restarted (same
-    `--database`) after round 3, resumed again: the same rounds as the run uninterrupted. Two
-    SuperNodes: each resume describes the federation again, a message per node."""
-    flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
-    options = {"encoder": "pixels", "num-server-rounds": 4, "partition": "shard",
-               "feature-cache-dir": str(tmp_path / "cache"), "results-dir": str(results)}
-    run_config = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                          for k, v in {**options, "run-name": "survivor"}.items())
-    run_dir = results / "survivor"
-    outcomes: list[dict] = [{}, {}, {}]
-    with deploy.local_deployment(2, flwr_home) as deployment:
-        first = start_run(deployment, run_config, outcomes[0])
-        wait_for_round(run_dir, 1)
-        for pid in serverapp_pids(deployment):
-            os.kill(pid, signal.SIGKILL)
-        # at once, as a supervisor would: the SuperLink notices the dead run only after its
-        # heartbeats stop (minutes), and the new run does not wait for that
-        second = start_run(deployment, run_config + " resume=true", outcomes[1])
-        wait_for_round(run_dir, 3)
-        deploy.restart_superlink(deployment)
-        third = start_run(deployment, run_config + " resume=true", outcomes[2])
-        third.join(timeout=600)
-        first.join(timeout=60)
-        second.join(timeout=60)
-    code, final_line = outcomes[2]["result"]
-    assert code == 0 and final_line.startswith("0."), final_line
-    resumed = read_summary(run_dir)
-    assert [r["round"] for r in resumed["resumes"]][:1] == [1]
-    assert resumed["resumes"][-1]["round"] >= 3
-    whole = read_summary(run_local({**options, "run-name": "whole"}, 2))
-    assert [(r["accuracy"], r["train_loss"]) for r in resumed["rounds"]] == \
-        [(r["accuracy"], r["train_loss"]) for r in whole["rounds"]]
-    assert json.loads((run_dir / "summary.json").read_text())["final_accuracy"] == \
-        whole["final_accuracy"]
-    assert (run_dir / CHECKPOINT).exists()
     assert left_behind(flwr_home) == set()
 
 

@@ -104,32 +104,6 @@ def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd, monke
 
 
 @pytest.mark.e2e
-def test_flwr_run_with_a_bad_config_fails_with_one_line(tmp_path, capfd):
-    flwr_home = tmp_path / "flwr-home"
-    code = launch.simulate(launch.PROJECT, num_supernodes=2, flwr_home=flwr_home,
-                           flwr_args=["--run-config", "head='mlp'"], num_gpus=0.0)
-    output = capfd.readouterr().out
-    assert code != 0
-    assert "run config: head='mlp' is not allowed; choose one of: ova, softmax" in output
-    assert "Traceback" not in output
-    assert left_behind(flwr_home) == set()
-
-
-@pytest.mark.e2e
-def test_a_run_flower_refuses_shows_the_cause_from_the_superlinks_log(tmp_path, capfd):
-    """Past the launcher's own checks (here: `simulate` called directly), Flower's refusal
-    `[code: 15] Invalid run configuration.` comes with its cause, read from the SuperLink's log."""
-    flwr_home = tmp_path / "flwr-home"
-    code = launch.simulate(launch.PROJECT, num_supernodes=2, flwr_home=flwr_home,
-                           flwr_args=["--run-config", "heads='ova'"], num_gpus=0.0)
-    output = capfd.readouterr().out
-    assert code != 0
-    assert ("error: Could not start run: Key 'heads' is not present in the main dictionary "
-            f"(from {flwr_home / 'superlink.log'})") in output
-    assert left_behind(flwr_home) == set()
-
-
-@pytest.mark.e2e
 def test_flwr_run_personalizes_with_every_method_as_the_in_process_runner_does(tmp_path, capfd):
     """Personalization through `flwr run` on Ray: per-client and summary metrics for every
     method, identical to the in-process runner's for the same seed."""
@@ -188,6 +162,32 @@ def test_flwr_run_trains_flora_on_ray_as_the_in_process_runner_does(tmp_path, ca
         [(r["accuracy"], r["train_loss"], r["bytes_sent_per_client"]) for r in local["rounds"]]
     assert ray["rounds"][1]["bytes_sent_per_client"] > ray["rounds"][0]["bytes_sent_per_client"]
     assert left_behind(flwr_home) == set(), "the run left Flower/Ray processes behind"
+
+
+@pytest.mark.e2e
+def test_flwr_run_with_a_bad_config_fails_with_one_line(tmp_path, capfd):
+    flwr_home = tmp_path / "flwr-home"
+    code = launch.simulate(launch.PROJECT, num_supernodes=2, flwr_home=flwr_home,
+                           flwr_args=["--run-config", "head='mlp'"], num_gpus=0.0)
+    output = capfd.readouterr().out
+    assert code != 0
+    assert "run config: head='mlp' is not allowed; choose one of: ova, softmax" in output
+    assert "Traceback" not in output
+    assert left_behind(flwr_home) == set()
+
+
+@pytest.mark.e2e
+def test_a_run_flower_refuses_shows_the_cause_from_the_superlinks_log(tmp_path, capfd):
+    """Past the launcher's own checks (here: `simulate` called directly), Flower's refusal
+    `[code: 15] Invalid run configuration.` comes with its cause, read from the SuperLink's log."""
+    flwr_home = tmp_path / "flwr-home"
+    code = launch.simulate(launch.PROJECT, num_supernodes=2, flwr_home=flwr_home,
+                           flwr_args=["--run-config", "heads='ova'"], num_gpus=0.0)
+    output = capfd.readouterr().out
+    assert code != 0
+    assert ("error: Could not start run: Key 'heads' is not present in the main dictionary "
+            f"(from {flwr_home / 'superlink.log'})") in output
+    assert left_behind(flwr_home) == set()
 
 
 # --- SIGTERM stops what a test session or a CLI started, by PID ---------------------------------
