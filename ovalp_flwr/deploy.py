@@ -51,6 +51,7 @@ from ovalp_flwr.launch import (
     report_result,
     sigterm_unwinds,
     stop_group,
+    stop_groups,
     stream_flwr_run,
     write_connection,
 )
@@ -73,8 +74,7 @@ class Node:
 
     def stop(self) -> None:
         """What a host failure does: the node and its runtime are gone."""
-        for process in reversed(self.processes()):
-            stop_group(process)
+        stop_groups(self.processes())
 
 
 @dataclass
@@ -247,15 +247,17 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
             start_supernode(deployment, i, num_partitions or num_supernodes, node_dir, cwd)
         yield deployment
     finally:
-        for process in reversed(deployment.processes()):
-            stop_group(process)
+        stop_groups(deployment.processes())
 
 
 def restart_superlink(deployment: Deployment) -> None:
     """Stop the SuperLink and start it again, same port, same `--database`: what a reboot of
     the server host does. The nodes and runtimes reconnect by themselves; a run that was going
-    on is lost with its ServerApp, and goes on with `resume` (`ovalp_flwr.checkpoint`)."""
-    stop_group(deployment.superlink)
+    on is lost with its ServerApp, and goes on with `resume` (`ovalp_flwr.checkpoint`).
+    Stopped as a reboot stops it: SIGTERM, then SIGKILL after 2 s, since with nodes connected
+    the SuperLink would otherwise wait for their connections to close; the longer it is down,
+    the longer the nodes' reconnection backoff (up to tens of seconds)."""
+    stop_group(deployment.superlink, grace=2.0)
     log = deployment.flwr_home / "deploy" / "superlink.log"
     deployment.superlink = _start(deployment.superlink_command, log, deployment.flwr_home,
                                   deployment.cwd)

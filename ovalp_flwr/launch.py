@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ovalp_flwr.console import RunConsole, new_log_path, relative
@@ -62,23 +62,44 @@ def _bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
+def _children() -> dict[int, list[int]]:
+    """Each live process's children (Linux /proc: the parent pid of every process)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return children
+
+
+def children(pid: int) -> list[int]:
+    """The live processes `pid` started itself."""
+    return _children().get(pid, [])
+
+
 def descendants(pid: int) -> list[int]:
     """All live descendants of `pid` (Linux /proc), detached sessions included.
 
     The SuperLink starts `flower-superexec` in a new session, which starts the simulation
     and Ray; they are outside our process group but still in our process tree.
     """
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree = _children()
     found, frontier = [], [pid]
     while frontier:
-        kids = children.get(frontier.pop(), [])
+        kids = tree.get(frontier.pop(), [])
         found += kids
         frontier += kids
     return found
+
+
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), None if it is gone or a zombie: with its PID,
+    it names one process, not whichever took the PID over later."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
 
 
 def _alive(pid: int) -> bool:
@@ -101,20 +122,31 @@ def stop_group(process: subprocess.Popen, grace: float = 15.0) -> None:
 
     SIGTERM first (Flower shuts its children down), SIGKILL for whatever is left.
     """
-    tree = descendants(process.pid)
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=grace)
-    _signal(tree, signal.SIGTERM)
+    stop_groups([process], grace)
+
+
+def stop_groups(processes: Sequence[subprocess.Popen], grace: float = 15.0) -> None:
+    """`stop_group` for several processes at once: all are signalled together and share one
+    grace period, instead of one each (a deployment's SuperLink, SuperNodes and runtimes)."""
+    trees = [pid for process in processes for pid in descendants(process.pid)]
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    _signal(trees, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_alive(pid) for pid in trees) and time.monotonic() < deadline:
         time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    _signal([pid for pid in tree if _alive(pid)], signal.SIGKILL)
-    process.wait()
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    _signal([pid for pid in trees if _alive(pid)], signal.SIGKILL)
+    for process in processes:
+        process.wait()
 
 
 def _wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:

@@ -37,6 +37,8 @@ def app_config(pyproject: Path = PYPROJECT) -> dict[str, Any]:
 class InProcessGrid(Grid):
     """A `Grid` whose nodes are in-process contexts served by a `ClientApp`."""
 
+    static_nodes = True  # every node is there from the start: nothing to wait for (server.py)
+
     def __init__(self, client_app: ClientApp, num_nodes: int, run_config: dict[str, Any],
                  seed: int = 0, node_configs: list[dict[str, Any]] | None = None) -> None:
         """node_configs[i]: extra `--node-config` entries of partition i's node (e.g. data-dir)."""

@@ -531,7 +531,11 @@ class FederationError(RuntimeError):
 
 
 def wait_for_nodes(grid: Grid, timeout: float = 120.0, settle: float = 1.0) -> list[int]:
-    """All connected nodes, once their number has stopped changing for `settle` seconds."""
+    """All connected nodes, once their number has stopped changing for `settle` seconds
+    (SuperNodes connect one by one). A grid whose nodes are all there from the start
+    (`static_nodes`, the in-process one) is answered at once."""
+    if getattr(grid, "static_nodes", False):
+        return sorted(grid.get_node_ids())
     deadline = time.monotonic() + timeout
     previous: list[int] = []
     while time.monotonic() < deadline:

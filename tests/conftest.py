@@ -1,30 +1,31 @@
 """The test session: SIGTERM (a CI timeout, `kill`) stops it the way Ctrl-C does; the e2e tests
-start first; one thread per worker; Flower's warnings in every test; the digits feature cache
-most tests run on.
+start first, paired by length; one thread per worker; Flower's warnings in every test; the digits
+feature cache most tests run on.
 
 Python's default for SIGTERM is to die on the spot, leaving every SuperLink, SuperNode and
 Ray process that the running test started. As a KeyboardInterrupt it unwinds that test's
 `finally` blocks and fixtures, which stop them by PID, and pytest ends the session.
 
-`make test` runs the suite on pytest-xdist workers (Makefile), handing each one test at a time.
-The e2e tests start real Flower processes and spend much of their minutes waiting on Flower's
-polls (3 s each way), so they go first, each file's in the order it lists them (longest first):
-started early, their waits overlap the in-process tests instead of trailing them. Each worker,
-and every process its tests start, computes on one thread: workers and Flower processes
-already fill both cores, and OpenMP threads that wait for a core of their own spin on it.
+`make test` runs the suite on pytest-xdist workers (Makefile), handing each one test at a time
+after a first two. The e2e tests start real Flower processes and spend much of their minutes
+waiting on Flower's polls (3 s each way), so they go first: started early, their waits overlap
+the in-process tests instead of trailing them. Each one's marker says about how long it takes
+in a full run (`@pytest.mark.e2e(seconds=...)`), so that the first two each worker gets add up
+to about the same (`start_order`). Each worker, and every process its tests start, computes on
+one thread: workers and Flower processes already fill both cores, and OpenMP threads that wait
+for a core of their own spin on it.
 """
 
+import contextlib
 import logging
 import os
 import signal
+import time
 
 import pytest
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # before anything imports torch
     os.environ["OMP_NUM_THREADS"] = "1"
-
-# e2e files in the order their tests start (README, "Tests")
-E2E_FILES = ("test_deploy.py", "test_launch.py")
 
 
 @pytest.fixture(scope="session")
@@ -49,21 +50,76 @@ def flower_warnings():
     FLOWER_LOGGER.setLevel(level)
 
 
+# How long the test session waits, on SIGTERM, for its workers' tests to stop what they started
+WORKERS_STOP_SECONDS = 45.0
+_interrupted: list[int] = []
+
+
 def _interrupt(signum: int, _frame: object) -> None:
+    """SIGTERM as Ctrl-C, once: a second one (a whole process group signalled, then the
+    controller passing it on) must not break into the clean-up the first one started. Under
+    pytest-xdist the controller first passes it on to its workers (`_stop_workers`)."""
+    if _interrupted:
+        return
+    _interrupted.append(signum)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _stop_workers(signum)
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_workers(signum: int, timeout: float = WORKERS_STOP_SECONDS) -> None:
+    """Pass `signum` on to the xdist workers at once (each unwinds its test, whose `finally`
+    blocks and fixtures stop what it started), wait until every process their tests started
+    is gone (at most `timeout`), then kill what is left by PID. Left to itself xdist would
+    interrupt a worker after 5 s and kill it after 10: too soon for a deployment to stop."""
+    from ovalp_flwr.launch import children, descendants, start_time
+
+    workers = children(os.getpid())
+    started = {pid: start_time(pid) for worker in workers for pid in descendants(worker)}
+    for worker in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signum)
+
+    def left() -> list[int]:
+        now = {pid: start_time(pid) for worker in workers for pid in descendants(worker)}
+        return [pid for pid, began in {**started, **now}.items()
+                if began is not None and start_time(pid) == began]
+
+    deadline = time.monotonic() + timeout
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left():  # the same process (its start time), not a new one with its PID
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def pytest_configure(config) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    """e2e tests first, then the `slow` in-process ones, then the rest (a stable sort: each
-    keeps its file's order), so that no worker ends the session alone on a long test."""
-    def start_rank(item) -> int:
-        if item.get_closest_marker("e2e") is not None:
-            name = item.path.name
-            return E2E_FILES.index(name) if name in E2E_FILES else 0
-        return len(E2E_FILES) + (item.get_closest_marker("slow") is None)
+def e2e_seconds(item) -> float | None:
+    """An e2e test's expected seconds (its marker's `seconds`, else 60); None if not e2e."""
+    marker = item.get_closest_marker("e2e")
+    return None if marker is None else float(marker.kwargs.get("seconds", 60))
 
-    items.sort(key=start_rank)
+
+def start_order(durations: list[float], workers: int) -> list[int]:
+    """Indices of `durations` in the order to start them on `workers` that each take their
+    first two at once and then one at a time (pytest-xdist's load scheduling with
+    `--maxschedchunk 1`): longest first, each worker's pair made of a long and a short one
+    (the longest with the 2w-th longest, ...), the rest longest first."""
+    by_length = sorted(range(len(durations)), key=lambda i: -durations[i])
+    paired = by_length[:2 * workers]
+    pairs = [(paired[k], paired[-1 - k]) for k in range(len(paired) // 2)]
+    return [i for pair in pairs for i in pair] + by_length[2 * workers:]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """e2e tests first, in `start_order`; then the `slow` in-process ones, then the rest, each in
+    its file's order; so that no worker ends the session alone on a long test."""
+    e2e = [item for item in items if e2e_seconds(item) is not None]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))  # each worker collects
+    order = start_order([e2e_seconds(item) for item in e2e], workers)
+    rest = [item for item in items if e2e_seconds(item) is None]
+    rest.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+    items[:] = [e2e[i] for i in order] + rest

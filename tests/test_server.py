@@ -4,6 +4,7 @@ Ray): what a run learns, records and refuses; round deadlines; the embedded defa
 import csv
 import logging
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -104,6 +105,28 @@ def test_a_node_that_missed_the_statistics_fails_with_a_clear_error(cache_dir):
     reply = list(grid.send_and_receive([Message(content, dst_node_id=node, message_type="train")]))[0]
     assert reply.has_error()
     assert "missed the run's set_norm message" in reply.error.reason
+
+
+class ArrivingNodes:
+    """A grid whose SuperNodes connect one by one, as a deployment's do."""
+
+    def __init__(self, *seen: list[int]) -> None:
+        self.seen = list(seen)
+
+    def get_node_ids(self) -> list[int]:
+        return self.seen.pop(0) if len(self.seen) > 1 else self.seen[0]
+
+
+def test_the_server_waits_for_nodes_to_settle_but_not_on_the_in_process_grid(cache_dir):
+    from ovalp_flwr.server import wait_for_nodes
+
+    arriving = ArrivingNodes([], [7], [7, 3], [7, 3, 5])
+    assert wait_for_nodes(arriving, settle=0.01) == [3, 5, 7]  # not [7] nor [3, 7]
+    assert arriving.seen == [[7, 3, 5]]
+    grid = InProcessGrid(client_app.app, 3, app_config())
+    started = time.monotonic()
+    assert wait_for_nodes(grid, settle=30.0) == sorted(grid.contexts)
+    assert time.monotonic() - started < 30.0  # answered at once: its nodes are all there
 
 
 def test_server_app_stops_on_bad_config_with_one_line(caplog):
