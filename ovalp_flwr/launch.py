@@ -104,11 +104,7 @@ def start_time(pid: int) -> int | None:
 
 def _alive(pid: int) -> bool:
     """Running (a zombie waiting for its parent to reap it counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    return start_time(pid) is not None
 
 
 def _signal(pids: list[int], sig: int) -> None:

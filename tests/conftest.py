@@ -53,6 +53,7 @@ def flower_warnings():
 # How long the test session waits, on SIGTERM, for its workers' tests to stop what they started
 WORKERS_STOP_SECONDS = 45.0
 _interrupted: list[int] = []
+_xdist_workers: list[bool] = []  # set in pytest_configure: this session hands tests to workers
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -62,7 +63,7 @@ def _interrupt(signum: int, _frame: object) -> None:
     if _interrupted:
         return
     _interrupted.append(signum)
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    if _xdist_workers:
         _stop_workers(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -94,6 +95,8 @@ def _stop_workers(signum: int, timeout: float = WORKERS_STOP_SECONDS) -> None:
 
 
 def pytest_configure(config) -> None:
+    if config.getoption("numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        _xdist_workers.append(True)
     signal.signal(signal.SIGTERM, _interrupt)
 
 
