@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	@$(PY) -m ovalp_flwr.launch --num-supernodes $(NUM_SUPERNODES) $(if $(VERBOSE),--verbose) -- $(ARGS)
+	@$(PY) -m ovalp_flwr.ops.launch --num-supernodes $(NUM_SUPERNODES) $(if $(VERBOSE),--verbose) -- $(ARGS)
 
 test: $(STAMP)
 	@$(PY) -m pytest -q $(call xdist,$(WORKERS)) $(ARGS)

@@ -1,9 +1,9 @@
-"""Flower ClientApp: wiring only (handlers live in `ovalp_flwr.client`)."""
+"""Flower ClientApp: wiring only (handlers live in `ovalp_flwr.ova.client`)."""
 
 from flwr.clientapp import ClientApp
 
-from ovalp_flwr import client
-from ovalp_flwr.chaos import chaos_mod
+from ovalp_flwr.ova import client
+from ovalp_flwr.federation.chaos import chaos_mod
 
 app = ClientApp()
 # chaos_mod: only on nodes whose --node-config names a `chaos` kind (fault rehearsals)

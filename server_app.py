@@ -1,4 +1,4 @@
-"""Flower ServerApp: wiring only (the run itself is `ovalp_flwr.server.run_server`)."""
+"""Flower ServerApp: wiring only (the run itself is `ovalp_flwr.ova.server.run_server`)."""
 
 import sys
 from logging import ERROR
@@ -7,10 +7,10 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from ovalp_flwr.cache import CacheError
+from ovalp_flwr.features.cache import CacheError
 from ovalp_flwr.config import ConfigError, RunConfig
-from ovalp_flwr.encoders import EncoderError, WeightsUnavailable
-from ovalp_flwr.server import FederationError, run_server
+from ovalp_flwr.features.encoders import EncoderError, WeightsUnavailable
+from ovalp_flwr.ova.server import FederationError, run_server
 
 app = ServerApp()
 

@@ -38,10 +38,10 @@ from sklearn.model_selection import train_test_split
 from sklearn.multiclass import OneVsRestClassifier
 from tqdm.auto import tqdm
 
-from ovalp_flwr.cache import CachedFeatures, load_or_build
-from ovalp_flwr.ceiling import CEILING_FILE, read_ceilings
-from ovalp_flwr.normalize import FeatureMoments, NormStats, normalize
-from ovalp_flwr.report import write_atomic
+from ovalp_flwr.features.cache import CachedFeatures, load_or_build
+from ovalp_flwr.experiments.ceiling import CEILING_FILE, read_ceilings
+from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
+from ovalp_flwr.experiments.report import write_atomic
 
 CASES = ("digits:efficientnet-lite0", "tinyimagenet-100:efficientnet-lite0", "cifar10:efficientnet-lite0",
          "mnist:efficientnet-lite0", "ag-news:minilm")

@@ -1,7 +1,7 @@
 """Accuracy on the embedded default (digits -> EfficientNet-Lite0, 100 clients, 20 rounds).
 
 Runs methods x partitions x feature normalisations x seeds through the real ServerApp
-logic and ClientApp handlers in one process (`ovalp_flwr.local_grid`: same records,
+logic and ClientApp handlers in one process (`ovalp_flwr.federation.local_grid`: same records,
 strategy and client code as `flwr run`, delivered by direct calls instead of Ray), and
 writes `benchmarks/results/embedded_default.{json,md,png}`:
 
@@ -23,9 +23,9 @@ import numpy as np
 from tqdm import tqdm
 
 from ovalp_flwr.config import RECIPE  # the paper's local recipe, as when the results were made
-from ovalp_flwr.console import quiet_flower
-from ovalp_flwr.local_grid import run_local
-from ovalp_flwr.results import read_summary
+from ovalp_flwr.ops.console import quiet_flower
+from ovalp_flwr.federation.local_grid import run_local
+from ovalp_flwr.federation.results import read_summary
 
 OUT = Path(__file__).resolve().parent / "results"
 METHODS = {  # name -> run-config overrides (the paper's ablation row)

@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ovalp_flwr.cache import build_features
-from ovalp_flwr.datasets import load_dataset
-from ovalp_flwr.encoders import DTYPES, Encoder, load_encoder
+from ovalp_flwr.features.cache import build_features
+from ovalp_flwr.data.registry import load_dataset
+from ovalp_flwr.features.encoders import DTYPES, Encoder, load_encoder
 
 OUT = Path(__file__).resolve().parent / "results"
 DEFAULT_CASES = ("efficientnet-lite0@cifar10", "minilm@ag-news")

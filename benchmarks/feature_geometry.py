@@ -3,7 +3,7 @@
 The paper argues pretrained features suit one-vs-all heads because classes are compact and
 well separated. This measures that on our own encoders: the same architecture with its
 pretrained weights and with a seeded random init (`pretrained=False`), on the same images,
-with the metrics of `ovalp_flwr.geometry` (definitions in its docstring), both on the raw
+with the metrics of `ovalp_flwr.experiments.geometry` (definitions in its docstring), both on the raw
 features and after the `standardize` feature-norm the runs use by default (global mean/std of
 the training split, as the federated statistics would give). Writes
 `benchmarks/results/<name>.{json,md}`:
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from ovalp_flwr.cache import CachedFeatures, cache_path, load_features, load_or_build
-from ovalp_flwr.geometry import DEFAULT_PAIRS, METRICS, feature_geometry
-from ovalp_flwr.normalize import FeatureMoments, NormStats, normalize
+from ovalp_flwr.features.cache import CachedFeatures, cache_path, load_features, load_or_build
+from ovalp_flwr.experiments.geometry import DEFAULT_PAIRS, METRICS, feature_geometry
+from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
 
 OUT = Path(__file__).resolve().parent / "results"
 VIEWS = ("raw", "standardize")
@@ -135,7 +135,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['load_after']} after.",
         f"Command: `{result['command']}`",
         "",
-        f"Split: {result['split']}. Definitions: `ovalp_flwr/geometry.py` (all on L2-normalised "
+        f"Split: {result['split']}. Definitions: `ovalp_flwr/experiments/geometry.py` (all on L2-normalised "
         "rows, classes weighted equally). alignment: mean ||z - z'||^2 over same-class pairs "
         "(lower = tighter); intra: leave-one-out cosine to the own class-mean direction "
         "(higher = tighter); inter: mean cosine between class-mean directions (lower = more "

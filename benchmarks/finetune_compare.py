@@ -71,14 +71,14 @@ def overrides(data: dict, partition: str, method: str, seed: int, rounds: int) -
 
 def run_one(config: dict, clients: int) -> None:
     """In a fresh process: each run gets the CPU threads and memory of its own."""
-    code = ("import json, sys; from ovalp_flwr.local_grid import run_local; "
+    code = ("import json, sys; from ovalp_flwr.federation.local_grid import run_local; "
             "run_local(json.loads(sys.argv[1]), int(sys.argv[2]))")
     subprocess.run([sys.executable, "-c", code, json.dumps(config), str(clients)], check=True,
                    cwd=ROOT)
 
 
 def report() -> str:
-    from ovalp_flwr.metrics import ACC_AT_FRACTION, first_round_at, start_and_rounds
+    from ovalp_flwr.experiments.metrics import ACC_AT_FRACTION, first_round_at, start_and_rounds
 
     runs = {}
     for path in sorted(RESULTS.glob("*/summary.json")):

@@ -13,8 +13,8 @@ import json
 import time
 from pathlib import Path
 
-from ovalp_flwr import launch
-from ovalp_flwr.results import read_summary
+from ovalp_flwr.ops import launch
+from ovalp_flwr.federation.results import read_summary
 
 OUT = Path(__file__).resolve().parent / "results"
 METHODS = {"OvA-LP": "head='ova' schedule='two-stage'", "LP-softmax": "head='softmax'"}

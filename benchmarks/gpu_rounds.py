@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ovalp_flwr.training import LocalSchedule, shuffle_generator, train_local
+from ovalp_flwr.core.training import LocalSchedule, shuffle_generator, train_local
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -64,9 +64,9 @@ def server_aggregation(dim: int, classes: int, clients: int, repeats: int) -> fl
     from flwr.app import Message, MetricRecord, RecordDict
 
     from client_app import app as client_app
-    from ovalp_flwr import protocol as p
-    from ovalp_flwr.local_grid import InProcessGrid, app_config
-    from ovalp_flwr.strategy import StagedFedAvg
+    from ovalp_flwr.federation import protocol as p
+    from ovalp_flwr.federation.local_grid import InProcessGrid, app_config
+    from ovalp_flwr.federation.strategy import StagedFedAvg
 
     InProcessGrid(client_app, 1, app_config())  # sets the task identity messages need
     rng = np.random.default_rng(0)
@@ -98,11 +98,11 @@ def encoder_round(method_name: str, device: torch.device, samples: int, repeats:
     synthetic images: softmax loss, AdamW, one epoch in batches of 50."""
     try:
         from ovalp_flwr.config import RunConfig
-        from ovalp_flwr.encoders import load_encoder
+        from ovalp_flwr.features.encoders import load_encoder
         from ovalp_flwr.finetune import make_method
         from ovalp_flwr.finetune.model import build_classifier
-        from ovalp_flwr.heads import loss_for
-        from ovalp_flwr.training import fit
+        from ovalp_flwr.core.heads import loss_for
+        from ovalp_flwr.core.training import fit
     except ImportError as err:  # a machine without timm/peft still times the heads
         return f"skipped: {err}"
     encoder = load_encoder("efficientnet-lite0", device="cpu", image_size=image_size,

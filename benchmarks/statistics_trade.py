@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ovalp_flwr.cache import load_or_build
-from ovalp_flwr.ceiling import CEILING_FILE, ceiling
-from ovalp_flwr.console import quiet_flower
-from ovalp_flwr.head_init import ClassStatistics, make_head_init
-from ovalp_flwr.head_init.statistics import wire_bytes
-from ovalp_flwr.normalize import FeatureMoments, NormStats, normalize
-from ovalp_flwr.report import write_atomic
+from ovalp_flwr.features.cache import load_or_build
+from ovalp_flwr.experiments.ceiling import CEILING_FILE, ceiling
+from ovalp_flwr.ops.console import quiet_flower
+from ovalp_flwr.core.head_init import ClassStatistics, make_head_init
+from ovalp_flwr.core.head_init.statistics import wire_bytes
+from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
+from ovalp_flwr.experiments.report import write_atomic
 
 OUT = CEILING_FILE.parent / "statistics_trade"
 CASES = ("tinyimagenet-100:efficientnet-lite0", "cifar10:efficientnet-lite0",
@@ -82,8 +82,8 @@ def aggregation_cost(cache_dir: Path, clients: int = 100) -> list[dict[str, Any]
     """The ridge start's set-up, plain and under SecAgg+, on the embedded default (no rounds)."""
     import tempfile
 
-    from ovalp_flwr.local_grid import run_local
-    from ovalp_flwr.results import read_summary
+    from ovalp_flwr.federation.local_grid import run_local
+    from ovalp_flwr.federation.results import read_summary
 
     rows = []
     for aggregation in AGGREGATIONS:

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from ovalp_flwr.noise import NOISE_KINDS
+from ovalp_flwr.data.noise import NOISE_KINDS
 
 HEADS = ("ova", "softmax")
 SCHEDULES = ("two-stage", "single-stage")
@@ -22,9 +22,9 @@ AGGREGATION_WEIGHTS = ("samples", "uniform")
 DRIFT_CORRECTIONS = ("none", "scaffold")
 EPOCH_SIZES = ("own-data", "equal-share", "own-data-equal-steps")
 SERVER_OPTIMIZERS = ("fedavg", "fedadam")
-HEAD_INITS = ("random", "zeros", "class-means", "ridge")  # ovalp_flwr.head_init
-STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.secure_sum
-ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.model
+HEAD_INITS = ("random", "zeros", "class-means", "ridge")  # ovalp_flwr.core.head_init
+STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.federation.secure_sum
+ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
 FINETUNES = ("none", "lp", "fedavg-lora", "flora", "full")  # ovalp_flwr.finetune
 PFT_PREFIX = "pft."  # pft.<method>.<hyperparameter>: a personalization method's own knobs
 # the knobs every method shares (personalize.base.FineTuning) and their run-config keys
@@ -110,7 +110,7 @@ class RunConfig:
     round_timeout: float = 3600.0
     exclude_after_rejections: int = 0
     # a checkpoint in results/<run-name>/ after every this many rounds (0: none); resume: go on
-    # from it (ovalp_flwr.checkpoint)
+    # from it (ovalp_flwr.federation.checkpoint)
     checkpoint_every: int = 1
     resume: bool = False
     seed: int = 0
@@ -119,7 +119,7 @@ class RunConfig:
     run_name: str = ""
     results_dir: str = "results"
     # the model on the cached features: the heads alone (0), or an adapter B (D -> adapter-dim,
-    # then adapter-activation) under the heads, trained federatedly with them (ovalp_flwr.model)
+    # then adapter-activation) under the heads, trained federatedly with them (ovalp_flwr.core.model)
     adapter_dim: int = 0
     adapter_activation: str = "relu"
     # what the data is: the first N samples of each class per split (0: all) and the image
@@ -333,8 +333,8 @@ class RunConfig:
 
     def _check_dataset_and_encoder(self) -> None:
         """Known names whose modalities match, checked before any data or network is read."""
-        from ovalp_flwr.datasets import dataset_modality
-        from ovalp_flwr.encoders import ENCODERS, encoder_modality
+        from ovalp_flwr.data.registry import dataset_modality
+        from ovalp_flwr.features.encoders import ENCODERS, encoder_modality
 
         try:
             reads = dataset_modality(self.dataset)

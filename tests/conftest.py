@@ -31,7 +31,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # before anything imports torch
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
     """Digits through the `pixels` encoder: real data, 64-d, built in milliseconds."""
-    from ovalp_flwr.cache import load_or_build
+    from ovalp_flwr.features.cache import load_or_build
 
     path = tmp_path_factory.mktemp("cache")
     load_or_build("digits", "pixels", path, progress=False)
@@ -73,7 +73,7 @@ def _stop_workers(signum: int, timeout: float = WORKERS_STOP_SECONDS) -> None:
     blocks and fixtures stop what it started), wait until every process their tests started
     is gone (at most `timeout`), then kill what is left by PID. Left to itself xdist would
     interrupt a worker after 5 s and kill it after 10: too soon for a deployment to stop."""
-    from ovalp_flwr.launch import children, descendants, start_time
+    from ovalp_flwr.ops.launch import children, descendants, start_time
 
     workers = children(os.getpid())
     started = {pid: start_time(pid) for worker in workers for pid in descendants(worker)}

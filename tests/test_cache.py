@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ovalp_flwr import cache
-from ovalp_flwr.cache import (
+from ovalp_flwr.features import cache
+from ovalp_flwr.features.cache import (
     CacheError,
     build_features,
     cache_path,
@@ -21,9 +21,9 @@ from ovalp_flwr.cache import (
     load_or_build,
     verify_folder,
 )
-from ovalp_flwr.cache import main as cache_main
-from ovalp_flwr.datasets import load_dataset
-from ovalp_flwr.encoders import encoder_identity, load_encoder
+from ovalp_flwr.features.cache import main as cache_main
+from ovalp_flwr.data.registry import load_dataset
+from ovalp_flwr.features.encoders import encoder_identity, load_encoder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,7 +107,7 @@ def test_manifest_mismatch_names_the_key(built: Path, tmp_path: Path, edit, key:
         load_features("digits", "pixels", tmp_path)
     assert str(err.value).endswith(
         "delete the folder to rebuild it at the next run, or rebuild it now: python -m "
-        f"ovalp_flwr.cache build --dataset digits --encoder pixels --cache-dir {tmp_path} --rebuild")
+        f"ovalp_flwr.features.cache build --dataset digits --encoder pixels --cache-dir {tmp_path} --rebuild")
 
 
 def test_corrupted_byte_fails_the_hash(built: Path, tmp_path: Path) -> None:
@@ -348,7 +348,7 @@ def test_encoder_variants_get_their_own_folders_side_by_side(tmp_path: Path) -> 
     assert verify_folder(cache_path(tmp_path, "digits", "pixels", image_size=4)).train.x.shape[1] == 16
 
 
-# --- the command line: `python -m ovalp_flwr.cache build | ls | verify`, in process through
+# --- the command line: `python -m ovalp_flwr.features.cache build | ls | verify`, in process through
 # `main`, plus one real subprocess for the module entry point and its progress bar. Small
 # limited digits caches.
 
@@ -433,7 +433,7 @@ def test_build_errors_are_one_line(tmp_path: Path, capsys) -> None:
 def test_module_entry_point_shows_progress(tmp_path: Path) -> None:
     command = f"build --dataset digits --encoder pixels --cache-dir {tmp_path} --limit-per-class 2"
     result = subprocess.run(
-        [sys.executable, "-m", "ovalp_flwr.cache", *command.split()],
+        [sys.executable, "-m", "ovalp_flwr.features.cache", *command.split()],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""Throwaway TLS certificates and SuperNode keys (`python -m ovalp_flwr.certs`), as Flower's
+"""Throwaway TLS certificates and SuperNode keys (`python -m ovalp_flwr.ops.certs`), as Flower's
 SuperLink and SuperNodes read them."""
 
 import ipaddress
@@ -8,7 +8,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
-from ovalp_flwr import certs
+from ovalp_flwr.ops import certs
 
 def test_certs_are_what_flower_expects_and_private_keys_are_0600(tmp_path):
     assert certs.main([str(tmp_path), "--nodes", "2"]) == 0

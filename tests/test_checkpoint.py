@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 import client_app
-from ovalp_flwr import protocol as p
+from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.local_grid import app_config
-from ovalp_flwr.results import read_summary
-from ovalp_flwr.server import run_server
+from ovalp_flwr.federation.local_grid import app_config
+from ovalp_flwr.federation.results import read_summary
+from ovalp_flwr.ova.server import run_server
 from test_validation import FaultyGrid  # tests/ is on sys.path under pytest
 
 
@@ -53,7 +53,7 @@ def resumable_run(cache_dir, tmp_path, name, fault=None, node_seed=0, **override
 
 
 def global_arrays(tmp_path, name):
-    from ovalp_flwr.checkpoint import read_checkpoint, unpack
+    from ovalp_flwr.federation.checkpoint import read_checkpoint, unpack
 
     checkpoint = read_checkpoint(tmp_path / "results" / name)
     return checkpoint.round, unpack("global", checkpoint.arrays)

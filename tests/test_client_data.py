@@ -7,12 +7,12 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from ovalp_flwr.cache import cache_path, load_or_build
-from ovalp_flwr.client_data import feature_source
+from ovalp_flwr.features.cache import cache_path, load_or_build
+from ovalp_flwr.federation.node import feature_source
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.local_grid import run_local
-from ovalp_flwr.results import read_summary
-from ovalp_flwr.server import FederationError
+from ovalp_flwr.federation.local_grid import run_local
+from ovalp_flwr.federation.results import read_summary
+from ovalp_flwr.ova.server import FederationError
 
 
 DATASET = "folder:digits"
@@ -104,7 +104,8 @@ def test_a_node_with_fewer_samples_than_partitions_says_so(nodes, tmp_path):
 
 def fresh_process_state():
     """What a new ClientApp process starts with: no per-process caches."""
-    from ovalp_flwr import client, client_data
+    from ovalp_flwr.ova import client
+    from ovalp_flwr.federation import node as client_data
 
     for cached in (client_data.node_features, client_data.node_rows, client_data.train_labels,
                    client_data._partition):
@@ -126,7 +127,7 @@ def test_a_fresh_process_reads_its_rows_file_not_the_cache(nodes, tmp_path, monk
     def no_cache(*args, **kwargs):
         raise AssertionError("the whole cache was loaded")
 
-    monkeypatch.setattr("ovalp_flwr.client_data.load_or_build", no_cache)
+    monkeypatch.setattr("ovalp_flwr.federation.node.load_or_build", no_cache)
     again = read_summary(run_local(run, 3, [own(n) for n in nodes]))
     assert again["final_accuracy"] == first["final_accuracy"]
     # another seed is another partition: a new file, computed from the cache

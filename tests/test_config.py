@@ -3,7 +3,7 @@
 import pytest
 
 from ovalp_flwr.config import RECIPE, ConfigError, RunConfig, check_num_clients
-from ovalp_flwr.local_grid import app_config
+from ovalp_flwr.federation.local_grid import app_config
 
 
 def test_pyproject_defaults_parse_and_match_the_dataclass():

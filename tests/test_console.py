@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from ovalp_flwr import deploy, launch
-from ovalp_flwr.console import MARK, LogFollower, RunConsole
-from ovalp_flwr.datasets import missing_data
-from ovalp_flwr.preflight import PreflightError, check_run
-from ovalp_flwr.report import main as report_main
-from ovalp_flwr.results import read_summary, write_run
-from ovalp_flwr.single_run import PLOT_FILE, iid_twin, summary_lines
+from ovalp_flwr.ops import deploy, launch
+from ovalp_flwr.ops.console import MARK, LogFollower, RunConsole
+from ovalp_flwr.data.registry import missing_data
+from ovalp_flwr.ops.preflight import PreflightError, check_run
+from ovalp_flwr.experiments.report import main as report_main
+from ovalp_flwr.federation.results import read_summary, write_run
+from ovalp_flwr.experiments.single_run import PLOT_FILE, iid_twin, summary_lines
 
 APP = launch.PROJECT
 

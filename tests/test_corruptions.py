@@ -4,7 +4,7 @@ severity, index), slices corrupt like the whole, severities grow, bad input is r
 import numpy as np
 import pytest
 
-from ovalp_flwr.corruptions import CORRUPTIONS, FAMILIES, SEVERITIES, corrupt
+from ovalp_flwr.data.corruptions import CORRUPTIONS, FAMILIES, SEVERITIES, corrupt
 
 HENDRYCKS = (  # CIFAR-10-C's 15 without frost, which needs his photographs
     "gaussian-noise", "shot-noise", "impulse-noise", "defocus-blur", "glass-blur",
@@ -40,7 +40,7 @@ def test_the_registry_has_hendrycks_names_and_every_family():
 def test_the_spelt_out_opencv_flags_are_opencvs():
     import cv2
 
-    from ovalp_flwr import corruptions
+    from ovalp_flwr.data import corruptions
 
     assert corruptions._INTER_AREA == cv2.INTER_AREA
     assert corruptions._BORDER_REFLECT_101 == cv2.BORDER_REFLECT_101
@@ -88,7 +88,7 @@ def test_an_image_does_not_depend_on_its_batch():
 
 
 def test_the_name_is_part_of_the_seed():
-    from ovalp_flwr.corruptions import _image_rngs
+    from ovalp_flwr.data.corruptions import _image_rngs
 
     a, b = _image_rngs(0, "gaussian-noise", 1, 0), _image_rngs(0, "shot-noise", 1, 0)
     assert a[0].integers(2**62) != b[0].integers(2**62)

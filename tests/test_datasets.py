@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ovalp_flwr import datasets
-from ovalp_flwr.datasets import (
+from ovalp_flwr.data import registry as datasets
+from ovalp_flwr.data.registry import (
     DATA_DIR_ENV,
     ImageDataset,
     TextDataset,

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from ovalp_flwr import certs, deploy
-from ovalp_flwr.checkpoint import FILE as CHECKPOINT, read_checkpoint
-from ovalp_flwr.launch import descendants
-from ovalp_flwr.local_grid import run_local
+from ovalp_flwr.ops import certs, deploy
+from ovalp_flwr.federation.checkpoint import FILE as CHECKPOINT, read_checkpoint
+from ovalp_flwr.ops.launch import descendants
+from ovalp_flwr.federation.local_grid import run_local
 from ovalp_flwr.personalize.store import read_model
-from ovalp_flwr.results import read_summary
+from ovalp_flwr.federation.results import read_summary
 from test_launch import left_behind  # tests/ is on sys.path under pytest
 
 pytestmark = pytest.mark.e2e  # each test: its seconds in a full run (conftest.py)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ovalp_flwr.training import LocalSchedule, shuffle_generator, train_local
+from ovalp_flwr.core.training import LocalSchedule, shuffle_generator, train_local
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
@@ -35,7 +35,7 @@ def test_encoder_features_on_cuda_match_the_cpu(monkeypatch, tf32, tolerance):
     """cuDNN convolutions run in TF32 by default (PyTorch's default on Ampere and later): an
     H200 then differs from the CPU by up to ~7e-3 on features of order 1. In full float32 the
     CUDA path must agree to 1e-3."""
-    from ovalp_flwr.encoders import load_encoder
+    from ovalp_flwr.features.encoders import load_encoder
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", tf32)
     images = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
@@ -46,8 +46,8 @@ def test_encoder_features_on_cuda_match_the_cpu(monkeypatch, tf32, tolerance):
 
 
 def test_a_lora_round_runs_on_cuda(tmp_path):
-    from ovalp_flwr.local_grid import run_local
-    from ovalp_flwr.results import read_summary
+    from ovalp_flwr.federation.local_grid import run_local
+    from ovalp_flwr.federation.results import read_summary
 
     summary = read_summary(run_local({
         "finetune": "fedavg-lora", "encoder": "tiny-cnn", "head-init": "random",
@@ -58,8 +58,8 @@ def test_a_lora_round_runs_on_cuda(tmp_path):
 
 def test_an_ova_lp_run_on_cuda_matches_the_cpu(tmp_path):
     """The default recipe end to end (ridge start, SCAFFOLD, two stages) on digits."""
-    from ovalp_flwr.local_grid import run_local
-    from ovalp_flwr.results import read_summary
+    from ovalp_flwr.federation.local_grid import run_local
+    from ovalp_flwr.federation.results import read_summary
 
     accuracies = []
     for device in ("cpu", "cuda"):

@@ -1,5 +1,5 @@
 """The compose demo, checked without a docker engine: structure, and every flag against the
-installed Flower CLIs (the same binaries `ovalp_flwr.deploy` runs as native processes)."""
+installed Flower CLIs (the same binaries `ovalp_flwr.ops.deploy` runs as native processes)."""
 
 import re
 import shlex
@@ -86,7 +86,7 @@ def merged_tls() -> dict:
 
 
 def test_the_tls_overlay_uses_real_flags_and_the_files_certs_py_writes(tmp_path):
-    from ovalp_flwr.certs import make_all
+    from ovalp_flwr.ops.certs import make_all
 
     make_all(tmp_path, nodes=3)
     written = {f.name for f in tmp_path.iterdir()}
@@ -126,8 +126,8 @@ def assert_same_flags(service: str, compose_command: list[str], native_command: 
 
 
 def test_deploy_runs_the_compose_commands_as_native_processes(tmp_path):
-    """`ovalp_flwr.deploy` (the e2e tests) starts what compose starts, flag for flag."""
-    from ovalp_flwr import deploy
+    """`ovalp_flwr.ops.deploy` (the e2e tests) starts what compose starts, flag for flag."""
+    from ovalp_flwr.ops import deploy
 
     isolation = deploy.DEFAULT_ISOLATION
     for services, certs in ((compose()["services"], None), (merged_tls(), tmp_path)):

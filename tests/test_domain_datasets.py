@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ovalp_flwr import domain_datasets as dd
-from ovalp_flwr.cache import CacheError, cache_path, load_features, load_or_build
-from ovalp_flwr.client_data import FeatureSource, local_test_split, node_rows, node_test_rows
+from ovalp_flwr.data import domains as dd
+from ovalp_flwr.features.cache import CacheError, cache_path, load_features, load_or_build
+from ovalp_flwr.federation.node import FeatureSource, local_test_split, node_rows, node_test_rows
 from ovalp_flwr.config import ConfigError, RunConfig
-from ovalp_flwr.datasets import load_dataset, missing_data
-from ovalp_flwr.noise import NoiseSpec
-from ovalp_flwr.partition import PartitionSpec, partition_indices, summarize_partition
+from ovalp_flwr.data.registry import load_dataset, missing_data
+from ovalp_flwr.data.noise import NoiseSpec
+from ovalp_flwr.data.partition import PartitionSpec, partition_indices, summarize_partition
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -148,7 +148,7 @@ def test_derived_names_are_checked_in_one_line(tmp_path: Path) -> None:
 
 
 def test_cifar10_c_one_corruption_per_share_deterministic(tmp_path: Path) -> None:
-    from ovalp_flwr.corruptions import CORRUPTIONS, corrupt
+    from ovalp_flwr.data.corruptions import CORRUPTIONS, corrupt
 
     rng = np.random.default_rng(0)
     with zipfile.ZipFile(tmp_path / "cifar10-jpg.zip", "w") as zf:
@@ -292,7 +292,7 @@ def test_node_test_split_carries_the_clients_concept(tmp_path: Path) -> None:
 
 
 def test_a_run_reports_accuracy_per_domain_and_personalizes_per_concept(tmp_path: Path) -> None:
-    from ovalp_flwr.local_grid import run_local
+    from ovalp_flwr.federation.local_grid import run_local
 
     out = run_local({"dataset": "concept:digits", "encoder": "pixels", "partition": "domain",
                      "num-server-rounds": 2, "feature-cache-dir": str(tmp_path / "cache"),

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from ovalp_flwr.datasets import load_dataset
-from ovalp_flwr.encoders import (
+from ovalp_flwr.data.registry import load_dataset
+from ovalp_flwr.features.encoders import (
     ENCODERS,
     EncoderError,
     EncoderOptions,
@@ -29,7 +29,7 @@ from ovalp_flwr.encoders import (
     resolve_device,
     timm_data_config,
 )
-from ovalp_flwr.timm_compat import import_timm
+from ovalp_flwr.features.timm_compat import import_timm
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
@@ -71,7 +71,7 @@ def test_import_timm_works_here() -> None:
     error; where they load (matching CUDA builds) nothing is stubbed."""
     code = """if True:
         import json, sys
-        from ovalp_flwr.timm_compat import import_timm
+        from ovalp_flwr.features.timm_compat import import_timm
         timm = import_timm()
         import torch, torchvision
         model = timm.create_model("tf_efficientnet_lite0", pretrained=False, num_classes=0)

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from client_app import app as client_app
-from ovalp_flwr import protocol as p
+from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.config import ConfigError, RunConfig
 from ovalp_flwr.finetune import client as finetune_client
 from ovalp_flwr.finetune import make_method
 from ovalp_flwr.finetune.flora import FLoRA, STATE_DELTA, STATE_ROUND
 from ovalp_flwr.finetune.lora import LoRAOptions, delta_weight
-from ovalp_flwr.local_grid import InProcessGrid, app_config
-from ovalp_flwr.server import run_server
-from ovalp_flwr.strategy import StagedFedAvg
+from ovalp_flwr.federation.local_grid import InProcessGrid, app_config
+from ovalp_flwr.ova.server import run_server
+from ovalp_flwr.federation.strategy import StagedFedAvg
 
 BASE = {"encoder": "tiny-cnn", "dataset": "digits", "head-init": "random",
         "limit-per-class": 12, "num-server-rounds": 2, "local-epochs": 1, "batch-size": 8,
@@ -81,7 +81,7 @@ def test_the_fedavg_strategy_averages_lora_tensors_like_any_array():
     """FedAvg-LoRA is the staged FedAvg over A and B: each averaged on its own."""
     from flwr.app import Message, MetricRecord, RecordDict
 
-    from ovalp_flwr.local_grid import InProcessGrid  # noqa: F401  (sets the task identity)
+    from ovalp_flwr.federation.local_grid import InProcessGrid  # noqa: F401  (sets the task identity)
 
     InProcessGrid(client_app, 1, app_config())
     strategy = StagedFedAvg(stage_for_round=lambda r: 2, seed=0)
@@ -168,7 +168,7 @@ def test_flora_nodes_that_sat_rounds_out_merge_what_they_missed(tmp_path):
 def test_full_fine_tuning_reaches_every_parameter_of_the_encoder(name):
     """Every tensor that full fine-tuning sends gets a gradient: MiniLM was built with BERT's
     pooler, which mean pooling never reads, and its None gradient failed every client."""
-    from ovalp_flwr.encoders import load_encoder
+    from ovalp_flwr.features.encoders import load_encoder
     from ovalp_flwr.finetune.full import FullFineTuning
     from ovalp_flwr.finetune.model import build_classifier
 

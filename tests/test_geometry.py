@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from ovalp_flwr.geometry import GeometryError, feature_geometry, uniformity
+from ovalp_flwr.experiments.geometry import GeometryError, feature_geometry, uniformity
 
 K, PER_CLASS, DIM = 5, 40, 64
 

@@ -6,16 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ovalp_flwr.cache import load_or_build
+from ovalp_flwr.features.cache import load_or_build
 from ovalp_flwr.config import HEAD_INITS, ConfigError, RunConfig
-from ovalp_flwr.head_init import HEAD_INITS as REGISTRY
-from ovalp_flwr.head_init import ClassStatistics, make_head_init
-from ovalp_flwr.head_init.calibration import ScoreModel
-from ovalp_flwr.head_init.statistics import unpack_symmetric, wire_bytes
-from ovalp_flwr.local_grid import run_local
-from ovalp_flwr.normalize import FeatureMoments, NormStats, normalize
-from ovalp_flwr.partition import PartitionSpec, partition_indices
-from ovalp_flwr.results import read_summary
+from ovalp_flwr.core.head_init import HEAD_INITS as REGISTRY
+from ovalp_flwr.core.head_init import ClassStatistics, make_head_init
+from ovalp_flwr.core.head_init.calibration import ScoreModel
+from ovalp_flwr.core.head_init.statistics import unpack_symmetric, wire_bytes
+from ovalp_flwr.federation.local_grid import run_local
+from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
+from ovalp_flwr.data.partition import PartitionSpec, partition_indices
+from ovalp_flwr.federation.results import read_summary
 
 CLIENTS = 20
 
@@ -189,7 +189,7 @@ def test_zero_heads_start_at_chance_and_random_heads_are_the_seeded_torch_init(c
     zeros = run(cache_dir, tmp_path, **{"head-init": "zeros", "num-server-rounds": 1})
     assert zeros["initial_accuracy"] == pytest.approx(np.mean(
         load_or_build("digits", "pixels", cache_dir).test.y == 0))  # every logit 0: class 0
-    from ovalp_flwr.heads import accuracy, build_head
+    from ovalp_flwr.core.heads import accuracy, build_head
 
     random = run(cache_dir, tmp_path, **{"head-init": "random", "num-server-rounds": 1})
     _, _, test_x, test_y = digits
@@ -200,7 +200,7 @@ def test_zero_heads_start_at_chance_and_random_heads_are_the_seeded_torch_init(c
 
 def test_a_start_from_statistics_that_no_client_sent_is_refused(cache_dir):
     """Every sample lands on some client, so a partition cannot get here; the server checks."""
-    from ovalp_flwr.server import FederationError, StatisticsSum, initial_head
+    from ovalp_flwr.ova.server import FederationError, StatisticsSum, initial_head
 
     cache = load_or_build("digits", "pixels", cache_dir)
     config = RunConfig(encoder="pixels", head_init="ridge")

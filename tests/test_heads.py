@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from ovalp_flwr.model import model_from_numpy, model_to_numpy
-from ovalp_flwr.heads import (
+from ovalp_flwr.core.model import model_from_numpy, model_to_numpy
+from ovalp_flwr.core.heads import (
     build_head, loss_for, ova_bce_loss, ova_positive_loss,
     softmax_loss,
 )

@@ -11,14 +11,14 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import datasets as hf  # Hugging Face's package (the repo's own is ovalp_flwr.datasets)
+import datasets as hf  # Hugging Face's package (the repo's own is ovalp_flwr.data.registry)
 import numpy as np
 import pytest
 from PIL import Image
 
-from ovalp_flwr import hub_datasets
-from ovalp_flwr.cache import build_features, cache_path, load_features
-from ovalp_flwr.datasets import (
+from ovalp_flwr.data import hub as hub_datasets
+from ovalp_flwr.features.cache import build_features, cache_path, load_features
+from ovalp_flwr.data.registry import (
     AG_NEWS_CLASSES,
     DATASETS,
     LOCAL_MODALITY,
@@ -27,8 +27,8 @@ from ovalp_flwr.datasets import (
     dataset_modality,
     load_dataset,
 )
-from ovalp_flwr.encoders import encoder_identity, load_encoder
-from ovalp_flwr.hub_datasets import (
+from ovalp_flwr.features.encoders import encoder_identity, load_encoder
+from ovalp_flwr.data.hub import (
     HUB_DATASETS,
     HubImages,
     hub_modality,
@@ -386,7 +386,7 @@ def test_hub_names_are_listed_with_the_other_prefixes() -> None:
 
 def test_importing_the_loaders_does_not_import_hf_datasets() -> None:
     code = (
-        "import sys; import ovalp_flwr.hub_datasets as h; from ovalp_flwr.datasets import "
+        "import sys; import ovalp_flwr.data.hub as h; from ovalp_flwr.data.registry import "
         "dataset_modality as m; assert m('hub:ag-news') == 'text'; print('datasets' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

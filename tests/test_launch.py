@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from ovalp_flwr import launch
-from ovalp_flwr.cache import load_or_build
-from ovalp_flwr.launch import _alive, _exit_on_sigterm, sigterm_unwinds
-from ovalp_flwr.local_grid import run_local
-from ovalp_flwr.results import read_summary
+from ovalp_flwr.ops import launch
+from ovalp_flwr.features.cache import load_or_build
+from ovalp_flwr.ops.launch import _alive, _exit_on_sigterm, sigterm_unwinds
+from ovalp_flwr.federation.local_grid import run_local
+from ovalp_flwr.federation.results import read_summary
 
 
 def processes_of(flwr_home: Path) -> set[int]:
@@ -186,7 +186,7 @@ PROJECT = TESTS.parent
 STARTS_A_PROCESS = """\
 import subprocess, time
 from pathlib import Path
-from ovalp_flwr.launch import stop_group
+from ovalp_flwr.ops.launch import stop_group
 
 CLEAN_UP = {clean_up}
 

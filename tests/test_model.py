@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from ovalp_flwr.local_grid import run_local
-from ovalp_flwr.model import (AdapterHead, LinearProbe, initial_adapter, model_from_numpy,
+from ovalp_flwr.federation.local_grid import run_local
+from ovalp_flwr.core.model import (AdapterHead, LinearProbe, initial_adapter, model_from_numpy,
                               model_to_numpy)
-from ovalp_flwr.results import read_summary
+from ovalp_flwr.federation.results import read_summary
 
 
 

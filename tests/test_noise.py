@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ovalp_flwr.noise import NoiseSpec, noisy_labels, realised_rate
+from ovalp_flwr.data.noise import NoiseSpec, noisy_labels, realised_rate
 
 LABELS = np.repeat(np.arange(100), 50)  # CIFAR-100-like: 100 classes, 50 each
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ovalp_flwr.normalize import FeatureMoments, NormStats, normalize, per_sample
+from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize, per_sample
 
 rng = np.random.default_rng(0)
 FEATURES = np.abs(rng.normal(2.0, 1.5, size=(300, 12))).astype(np.float32)

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from ovalp_flwr.partition import (
+from ovalp_flwr.data.partition import (
     PartitionSpec,
     PARTITIONS, label_dataset, make_partitioner, partition_indices, summarize_partition,
 )

@@ -6,14 +6,14 @@ import csv
 import numpy as np
 import pytest
 
-from ovalp_flwr.client_data import feature_source, node_rows, node_test_rows, noise_spec, \
+from ovalp_flwr.federation.node import feature_source, node_rows, node_test_rows, noise_spec, \
     partition_spec
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.local_grid import app_config, run_local
+from ovalp_flwr.federation.local_grid import app_config, run_local
 from ovalp_flwr.personalize import METHODS
 from ovalp_flwr.personalize.metrics import CrossScores, per_client, summarize
 from ovalp_flwr.personalize.store import read_model
-from ovalp_flwr.results import read_summary
+from ovalp_flwr.federation.results import read_summary
 
 
 LABEL_SHIFT = {"partition": "bernoulli-dirichlet", "dirichlet-p": 1.0, "dirichlet-alpha": 0.1}
@@ -126,7 +126,7 @@ def test_a_node_with_a_model_dir_keeps_its_personalized_models(cache_dir, tmp_pa
 
 def test_a_client_failing_the_phase_leaves_the_federated_results_and_says_why(cache_dir, tmp_path,
                                                                               monkeypatch):
-    from ovalp_flwr import client
+    from ovalp_flwr.ova import client
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("disk full")

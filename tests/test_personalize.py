@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from ovalp_flwr.heads import ova_bce_loss, softmax_loss
-from ovalp_flwr.model import AdapterHead, LinearProbe
+from ovalp_flwr.core.heads import ova_bce_loss, softmax_loss
+from ovalp_flwr.core.model import AdapterHead, LinearProbe
 from ovalp_flwr.personalize import (METHODS, HyperparameterError, LocalData, Task,
                                     make_personalizer)
 from ovalp_flwr.personalize.base import average

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.report import main
-from ovalp_flwr.results import read_summary, write_run
-from ovalp_flwr.sweep import load_preset, sweep
+from ovalp_flwr.experiments.report import main
+from ovalp_flwr.federation.results import read_summary, write_run
+from ovalp_flwr.experiments.sweep import load_preset, sweep
 
 
 ABLATION = """\
@@ -123,7 +123,7 @@ def test_main_table_has_r_final_acc95_and_costs_by_hand(ablation, tmp_path, caps
     assert "| a | iid | 90.00 ± 14.14 | 90.00 ± 14.14 |  | 3.0 ± 0.0 |" in text  # no R for IID
     assert "| b | shard-1 | 72.00 ± — | 72.00 ± — | 90.00 ± — | 3.0 ± — |" in text  # one seed
     assert "**R(t)** = Acc_nonIID(t) / Acc_IID(t) x 100" in text
-    assert f"python -m ovalp_flwr.report {ablation.path}" in text
+    assert f"python -m ovalp_flwr.experiments.report {ablation.path}" in text
     assert "3 cell(s) with 2 seed(s); 1 cell(s) with 1 seed(s)" in text
 
 
@@ -334,7 +334,7 @@ def test_noise_decline_and_realised_rate_by_hand(tmp_path):
 def test_zero_runs_is_a_one_line_error(tmp_path):
     preset = write_preset(tmp_path, ABLATION, "tiny-ablation")
     done = subprocess.run(
-        [sys.executable, "-m", "ovalp_flwr.report", str(preset.path),
+        [sys.executable, "-m", "ovalp_flwr.experiments.report", str(preset.path),
          "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "reports")],
         capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""

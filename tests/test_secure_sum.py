@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 import client_app
-from ovalp_flwr import protocol as p
-from ovalp_flwr import secure_sum
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation import secure_sum
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.head_init import ClassStatistics
-from ovalp_flwr.local_grid import InProcessGrid, app_config, run_local
-from ovalp_flwr.results import read_summary
-from ovalp_flwr.server import FederationError, StatisticsSum, run_server
+from ovalp_flwr.core.head_init import ClassStatistics
+from ovalp_flwr.federation.local_grid import InProcessGrid, app_config, run_local
+from ovalp_flwr.federation.results import read_summary
+from ovalp_flwr.ova.server import FederationError, StatisticsSum, run_server
 
 CLIENTS = 12
 

@@ -12,12 +12,12 @@ from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 
 import client_app
 import server_app
-from ovalp_flwr import protocol as p
-from ovalp_flwr.cache import load_or_build
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.features.cache import load_or_build
 from ovalp_flwr.config import RECIPE, ConfigError
-from ovalp_flwr.console import MARK
-from ovalp_flwr.local_grid import InProcessGrid, app_config, run_local
-from ovalp_flwr.results import read_summary
+from ovalp_flwr.ops.console import MARK
+from ovalp_flwr.federation.local_grid import InProcessGrid, app_config, run_local
+from ovalp_flwr.federation.results import read_summary
 from test_validation import faulty_run, in_training  # tests/ is on sys.path under pytest
 
 
@@ -65,7 +65,7 @@ def test_same_seed_same_run_other_seed_other_run(cache_dir, tmp_path):
 
 
 def test_a_process_that_serves_run_after_run_keeps_only_the_latest_runs_rows(cache_dir, tmp_path):
-    from ovalp_flwr import client
+    from ovalp_flwr.ova import client
 
     run(cache_dir, tmp_path, seed=3, **{"num-server-rounds": 1})
     run(cache_dir, tmp_path, seed=4, **{"num-server-rounds": 1})
@@ -118,7 +118,7 @@ class ArrivingNodes:
 
 
 def test_the_server_waits_for_nodes_to_settle_but_not_on_the_in_process_grid(cache_dir):
-    from ovalp_flwr.server import wait_for_nodes
+    from ovalp_flwr.ova.server import wait_for_nodes
 
     arriving = ArrivingNodes([], [7], [7, 3], [7, 3, 5])
     assert wait_for_nodes(arriving, settle=0.01) == [3, 5, 7]  # not [7] nor [3, 7]
@@ -194,7 +194,7 @@ class LateJoinGrid(InProcessGrid):
 def late_run(cache_dir, tmp_path, late_partition: int, duplicate: bool = False,
              refuse_norm: bool = False, **overrides):
     from ovalp_flwr.config import RunConfig
-    from ovalp_flwr.server import run_server
+    from ovalp_flwr.ova.server import run_server
 
     run_config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
                   "results-dir": str(tmp_path / "results"), "num-server-rounds": 3,
@@ -252,7 +252,7 @@ def test_the_default_scaffold_holds_accuracy_where_quantity_and_label_skew_break
 
 def test_equal_share_epochs_give_every_client_the_same_steps(cache_dir, tmp_path, monkeypatch):
     """Zipf on 20 clients: 1437 samples, an equal share is 72, so 3 epochs are 3 x 2 steps."""
-    from ovalp_flwr import client
+    from ovalp_flwr.ova import client
 
     steps: dict[str, list[int]] = {"default": [], "recipe": []}
     original = client.train_local
@@ -277,7 +277,7 @@ def test_own_data_equal_steps_give_big_clients_big_batches_and_a_pass_over_their
         cache_dir, tmp_path, monkeypatch):
     """Zipf on 20 clients: 6 steps each; a client above the 72-sample share batches
     ceil(n / 2) samples, so its 3 epochs pass over all of its data; the rest batch 50."""
-    from ovalp_flwr import client
+    from ovalp_flwr.ova import client
 
     seen = []
     original = client.train_local

@@ -4,12 +4,12 @@ import numpy as np
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ovalp_flwr import protocol as p
+from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.console import MARK
-from ovalp_flwr.local_grid import InProcessGrid
-from ovalp_flwr.server import make_strategy
-from ovalp_flwr.strategy import ControlVariates, StagedFedAdam, StagedFedAvg
+from ovalp_flwr.ops.console import MARK
+from ovalp_flwr.federation.local_grid import InProcessGrid
+from ovalp_flwr.ova.server import make_strategy
+from ovalp_flwr.federation.strategy import ControlVariates, StagedFedAdam, StagedFedAvg
 
 
 def make_grid(num_nodes=4):

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from ovalp_flwr.domain_datasets import num_domains
-from ovalp_flwr.sweep import (
+from ovalp_flwr.data.domains import num_domains
+from ovalp_flwr.experiments.sweep import (
     PAPER_SEEDS,
     PresetError,
     RunSpec,
@@ -123,7 +123,7 @@ def test_sweep_runs_what_is_missing_and_resumes(tmp_path, capsys):
 
 
 def test_a_run_another_sweep_finished_meanwhile_is_skipped(tmp_path, capsys, monkeypatch):
-    from ovalp_flwr import sweep as sweep_module
+    from ovalp_flwr.experiments import sweep as sweep_module
 
     preset = load_preset(write(tmp_path, TINY))
     first, second = select(preset.runs(), ["seed=0"])[:2]

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from ovalp_flwr.heads import build_head, loss_for
-from ovalp_flwr.model import model_to_numpy
-from ovalp_flwr.training import LocalSchedule, optimizer_step, train_local
+from ovalp_flwr.core.heads import build_head, loss_for
+from ovalp_flwr.core.model import model_to_numpy
+from ovalp_flwr.core.training import LocalSchedule, optimizer_step, train_local
 
 
 def data(n=30, d=4, k=3, seed=0):
@@ -91,9 +91,9 @@ def test_the_local_step_is_torch_optim_bit_for_bit(name, build):
 def test_a_fresh_process_trains_without_importing_torch_dynamo():
     """Flower's deployment runtime starts a process per message: 1.9 s of torch._dynamo each."""
     code = ("import sys, numpy as np, torch\n"
-            "from ovalp_flwr.heads import build_head\n"
-            "from ovalp_flwr.model import model_to_numpy\n"
-            "from ovalp_flwr.training import LocalSchedule, shuffle_generator, train_local\n"
+            "from ovalp_flwr.core.heads import build_head\n"
+            "from ovalp_flwr.core.model import model_to_numpy\n"
+            "from ovalp_flwr.core.training import LocalSchedule, shuffle_generator, train_local\n"
             "for optimizer in ('adamw', 'sgd'):\n"
             "    train_local(model_to_numpy(build_head(4, 3, 0)), torch.randn(20, 4),\n"
             "                torch.randint(0, 3, (20,)), head_type='ova', stage=2,\n"

@@ -8,12 +8,12 @@ import pytest
 from flwr.app import Error, Message, MetricRecord, RecordDict
 
 import client_app
-from ovalp_flwr import protocol as p
-from ovalp_flwr.chaos import KINDS as CHAOS_KINDS, corrupt
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.chaos import KINDS as CHAOS_KINDS, corrupt
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.local_grid import InProcessGrid, app_config
-from ovalp_flwr.results import read_summary
-from ovalp_flwr.server import run_server
+from ovalp_flwr.federation.local_grid import InProcessGrid, app_config
+from ovalp_flwr.federation.results import read_summary
+from ovalp_flwr.ova.server import run_server
 
 
 BAD_PARTITION = 1

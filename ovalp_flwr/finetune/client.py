@@ -1,5 +1,5 @@
 """The encoder path's client side: what a node does with each message when `finetune` is set
-(`ovalp_flwr.client` hands these messages over). The model, the method and the raw data are
+(`ovalp_flwr.ova.client` hands these messages over). The model, the method and the raw data are
 built once per process; a node's rows go to its device once."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ovalp_flwr import protocol as p
+from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.devices import resolve_device
-from ovalp_flwr.encoders import load_encoder
+from ovalp_flwr.core.devices import resolve_device
+from ovalp_flwr.features.encoders import load_encoder
 from ovalp_flwr.finetune import make_method
 from ovalp_flwr.finetune.base import FinetuneMethod
 from ovalp_flwr.finetune.data import RawData, partitions, run_data
 from ovalp_flwr.finetune.flora import FLoRA
 from ovalp_flwr.finetune.model import EncoderClassifier, build_classifier
-from ovalp_flwr.heads import loss_for
-from ovalp_flwr.training import fit, gradient_offsets, shuffle_generator
+from ovalp_flwr.core.heads import loss_for
+from ovalp_flwr.core.training import fit, gradient_offsets, shuffle_generator
 
 
 @dataclass
@@ -71,7 +71,7 @@ def node_setup(config: RunConfig, context: Context) -> Setup:
 
 
 def node_partition(context: Context) -> tuple[int, int]:
-    from ovalp_flwr.client import node_partition as of_node
+    from ovalp_flwr.ova.client import node_partition as of_node
 
     return of_node(context)
 
@@ -118,7 +118,7 @@ def train(msg: Message, context: Context) -> Message:
     """One local round through the encoder: the method's trainable tensors from the message
     (FLoRA: the stacks this node has not merged yet first), the run's local schedule, and only
     those tensors back."""
-    from ovalp_flwr.client import local_schedule
+    from ovalp_flwr.ova.client import local_schedule
 
     config = RunConfig.from_mapping(context.run_config)
     built = node_setup(config, context)
@@ -150,14 +150,14 @@ def train(msg: Message, context: Context) -> Message:
 
 
 # ------------------------------------------------------------------ personalization (PFT)
-# The phase is the cached path's (`ovalp_flwr.personalization`); what differs is what a model
+# The phase is the cached path's (`ovalp_flwr.personalize.phase`); what differs is what a model
 # is: the global trainable tensors, plus whatever a method moved (FT moves the whole encoder
 # even after LoRA or linear probing), and nothing else travels.
 
 
 def node_test_rows(config: RunConfig, context: Context) -> tuple[torch.Tensor, torch.Tensor]:
     """This client's own test split, drawn as on the cached path (`client_data.local_test_split`)."""
-    from ovalp_flwr.client_data import local_test_split
+    from ovalp_flwr.federation.node import local_test_split
 
     built = node_setup(config, context)
     partition_id, num_partitions = node_partition(context)
@@ -197,7 +197,7 @@ def load_parameters(model: EncoderClassifier, arrays: dict[str, np.ndarray]) -> 
 def personalize(msg: Message, context: Context) -> Message:
     """The cached path's `personalize`, through the encoder: what travels of a personalized
     model is `moved_arrays`."""
-    from ovalp_flwr.client import personalization_reply
+    from ovalp_flwr.ova.client import personalization_reply
 
     config = RunConfig.from_mapping(context.run_config)
     built = node_setup(config, context)

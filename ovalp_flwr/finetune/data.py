@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ovalp_flwr.client_data import noise_spec, partition_spec
+from ovalp_flwr.federation.node import noise_spec, partition_spec
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.datasets import load_dataset
-from ovalp_flwr.noise import noisy_labels
-from ovalp_flwr.partition import partition_indices
+from ovalp_flwr.data.registry import load_dataset
+from ovalp_flwr.data.noise import noisy_labels
+from ovalp_flwr.data.partition import partition_indices
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from flwr.serverapp.strategy import FedAvg
 
 from ovalp_flwr.finetune.lora import FedAvgLoRA, delta_weight
 from ovalp_flwr.finetune.model import EncoderClassifier
-from ovalp_flwr.protocol import ARRAYS, NUM_EXAMPLES, from_record, to_record
-from ovalp_flwr.strategy import Staged
+from ovalp_flwr.federation.protocol import ARRAYS, NUM_EXAMPLES, from_record, to_record
+from ovalp_flwr.federation.strategy import Staged
 
 STACKS = "flora-stacks"  # the train message's record of "<round>/<layer>/A|B" stacks to merge
 STATE_DELTA = "flora-delta"  # a node's merged update so far, by base weight name

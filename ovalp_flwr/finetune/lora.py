@@ -16,7 +16,7 @@ from torch import nn
 
 from ovalp_flwr.finetune.base import FinetuneMethod
 from ovalp_flwr.finetune.model import EncoderClassifier
-from ovalp_flwr.timm_compat import import_timm
+from ovalp_flwr.features.timm_compat import import_timm
 
 ATTENTION_TARGETS = ("query", "value")
 

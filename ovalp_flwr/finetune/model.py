@@ -1,7 +1,7 @@
 """A classifier that trains through its encoder: the encoder's network with its own
 preprocessing and pooling, then K heads (`weight` / `bias`, as on the cached path).
 
-It has the interface of `ovalp_flwr.model`'s feature models (`features`, `head_parameters`,
+It has the interface of `ovalp_flwr.core.model`'s feature models (`features`, `head_parameters`,
 `feature_parameters`), so the local loop (`training.fit`) and the personalization methods
 run on it unchanged. Its input is one tensor per batch, indexable by rows like cached
 features: uint8 images [B, H, W, 3] (preprocessed inside, as the encoder does), or a text's
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ovalp_flwr.encoders._common import NetworkEncoder
-from ovalp_flwr.heads import build_head
+from ovalp_flwr.features.encoders._common import NetworkEncoder
+from ovalp_flwr.core.heads import build_head
 
 
 class EncoderClassifier(nn.Module):

@@ -1,6 +1,6 @@
 """The encoder path's ServerApp run (`finetune` set): describe, seeded start, the staged
 FedAvg (or FLoRA) rounds over the method's trainable tensors, the server's evaluation on the
-raw test split, and the same results files as the cached path (`ovalp_flwr.server`)."""
+raw test split, and the same results files as the cached path (`ovalp_flwr.ova.server`)."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
-from ovalp_flwr import protocol as p
-from ovalp_flwr.client_data import resolve_path
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.node import resolve_path
 from ovalp_flwr.config import RunConfig, check_num_clients
-from ovalp_flwr.console import say
+from ovalp_flwr.ops.console import say
 from ovalp_flwr.finetune.client import Setup, feature_space, setup
 from ovalp_flwr.finetune.data import partitions
 from ovalp_flwr.finetune.flora import FLoRA, StagedFLoRA
-from ovalp_flwr.partition import summarize_partition, summarize_sizes
-from ovalp_flwr.results import default_run_name, write_run
-from ovalp_flwr.server import (CentralEvaluator, FederationError, SetupCosts, _summary,
+from ovalp_flwr.data.partition import summarize_partition, summarize_sizes
+from ovalp_flwr.federation.results import default_run_name, write_run
+from ovalp_flwr.ova.server import (CentralEvaluator, FederationError, SetupCosts, _summary,
                                by_partition, describe_clients, equal_share_steps,
                                label_noise_summary, make_strategy, num_partitions, personalize_after,
                                train_reply_check, wait_for_nodes)

@@ -5,7 +5,7 @@ A method is a small `Personalizer` subclass (FL-bench's shape): a `name`, a froz
 of hyperparameters with their defaults (`Hyperparameters`), and `personalize`, which turns
 the global model into this client's model. Each runs once per client, after the last
 federated round, on the client's own training rows; nothing it does is communicated but the
-model it returns (scored by the other clients, `ovalp_flwr.personalization`).
+model it returns (scored by the other clients, `ovalp_flwr.personalize.phase`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ovalp_flwr.model import FeatureModel, clone
-from ovalp_flwr.training import LocalSchedule, optimizer_step
+from ovalp_flwr.core.model import FeatureModel, clone
+from ovalp_flwr.core.training import LocalSchedule, optimizer_step
 
 OnEpoch = Callable[[int, FeatureModel], None]
 ExtraLoss = Callable[[FeatureModel], torch.Tensor]

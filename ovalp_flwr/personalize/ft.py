@@ -1,6 +1,6 @@
 """FT: every parameter (adapter and heads) fine-tuned on the client's data."""
 
-from ovalp_flwr.model import FeatureModel, clone
+from ovalp_flwr.core.model import FeatureModel, clone
 from ovalp_flwr.personalize.base import LocalData, Personalizer, Task, fit
 
 

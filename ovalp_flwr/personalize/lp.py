@@ -1,6 +1,6 @@
 """LP: the heads alone fine-tuned; the features (adapter B) stay the global model's."""
 
-from ovalp_flwr.model import FeatureModel, clone
+from ovalp_flwr.core.model import FeatureModel, clone
 from ovalp_flwr.personalize.base import LocalData, Personalizer, Task, fit
 
 

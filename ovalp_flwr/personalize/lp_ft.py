@@ -3,7 +3,7 @@ features move keeps the early, large head gradients from distorting the features
 
 from dataclasses import dataclass
 
-from ovalp_flwr.model import FeatureModel, clone
+from ovalp_flwr.core.model import FeatureModel, clone
 from ovalp_flwr.personalize.base import FineTuning, LocalData, Personalizer, Task, fit
 
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call
 
-from ovalp_flwr.model import FeatureModel, clone
+from ovalp_flwr.core.model import FeatureModel, clone
 from ovalp_flwr.personalize.base import (FineTuning, LocalData, Personalizer, Task, average,
                                          squared_distance)
-from ovalp_flwr.training import LocalSchedule, optimizer_step
+from ovalp_flwr.core.training import LocalSchedule, optimizer_step
 
 
 @dataclass(frozen=True)

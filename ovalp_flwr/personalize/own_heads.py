@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ovalp_flwr.model import FeatureModel, clone
+from ovalp_flwr.core.model import FeatureModel, clone
 from ovalp_flwr.personalize.base import LocalData, Personalizer, Task, fit, squared_distance
 from ovalp_flwr.personalize.proximal import ProximalHyperparameters
 

@@ -3,7 +3,7 @@ federation), which holds the personalized model near the global one."""
 
 from dataclasses import dataclass
 
-from ovalp_flwr.model import FeatureModel, clone
+from ovalp_flwr.core.model import FeatureModel, clone
 from ovalp_flwr.personalize.base import (FineTuning, LocalData, Personalizer, Task, fit,
                                          squared_distance)
 

@@ -6,7 +6,7 @@ it is less sensitive to the learning rate than any one candidate."""
 import dataclasses
 from dataclasses import dataclass
 
-from ovalp_flwr.model import FeatureModel, clone
+from ovalp_flwr.core.model import FeatureModel, clone
 from ovalp_flwr.personalize.base import (FineTuning, LocalData, Personalizer, Task, average,
                                          fit)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ovalp_flwr.model import FeatureModel, clone
+from ovalp_flwr.core.model import FeatureModel, clone
 from ovalp_flwr.personalize.base import FineTuning, LocalData, Personalizer, Task, fit
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ovalp_flwr.durable import read_arrays, write_arrays
+from ovalp_flwr.core.durable import read_arrays, write_arrays
 
 
 def write_model(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:

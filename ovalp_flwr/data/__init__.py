@@ -1,0 +1,1 @@
+"""Datasets by name, partitions of them over clients, label noise, corruptions."""

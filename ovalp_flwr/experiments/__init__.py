@@ -1,0 +1,1 @@
+"""Presets run as sweeps, their metrics and reports."""

@@ -1,0 +1,1 @@
+"""Frozen encoders and the verified on-disk cache of their features."""

@@ -1,0 +1,267 @@
+"""A client's own rows of the cached features, loaded once per process.
+
+Where a node's features come from: the run config's dataset and encoder, read from the run
+config's `data-dir` / `feature-cache-dir`, unless the node's own `--node-config` sets
+`data-dir` / `feature-cache-dir`. Then the node owns its data, as a SuperNode in a real
+deployment does: it builds the cache of its local data on first use, keeps it in its own cache
+dir, and takes partition `partition-id` of `num-partitions` of it (use `num-partitions=1` for
+"all my data"; a copy of one dataset on every node plus N partitions is the demo case).
+
+In simulation every virtual client reads the one shared cache the ServerApp built; each
+process keeps the cache and the partition in memory (Ray reuses a few worker processes for
+all clients), so a round only slices arrays. No Flower here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from safetensors import SafetensorError
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from ovalp_flwr.features.cache import (
+    CachedFeatures,
+    CacheError,
+    cache_path,
+    feature_space,
+    load_or_build,
+    read_manifest,
+)
+from ovalp_flwr.core.durable import write_durably
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.data.noise import NoiseSpec, noisy_labels
+from ovalp_flwr.data.partition import PartitionSpec, partition_indices
+
+NODE_PATH_KEYS = ("data-dir", "feature-cache-dir")
+ROWS_DIR = ".rows"
+
+
+def resolve_path(path: str) -> Path:
+    """Relative paths in the run config are relative to the directory the run started in."""
+    return Path(path).expanduser().resolve()
+
+
+@dataclass(frozen=True)
+class FeatureSource:
+    """Which cache a node reads, and from which data it builds it if absent."""
+
+    dataset: str
+    encoder: str
+    cache_dir: str
+    data_dir: str  # "" = $OVALP_DATA_DIR, else ../shared/data
+    own_data: bool  # the node config chose the data dir or cache dir: not the run's shared cache
+    device: str = "auto"  # where a missing cache is built; not part of what is read
+    limit_per_class: int | None = None  # the first N samples of each class per split
+    image_size: int | None = None  # None: the encoder's default input size
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """What picks the cache besides dataset and encoder (`cache.cache_path`'s marks)."""
+        return {"limit_per_class": self.limit_per_class, "image_size": self.image_size}
+
+
+def feature_source(config: RunConfig, node_config: Mapping[str, Any] | None = None) -> FeatureSource:
+    """The run's cache, or the node's own one if its node config names a data or cache dir."""
+    node = dict(node_config or {})
+    for key in NODE_PATH_KEYS:
+        if key in node and (not isinstance(node[key], str) or not node[key]):
+            raise ValueError(
+                f"node config: {key}={node[key]!r} is not allowed; use a non-empty path string "
+                f'(--node-config "{key}=\'/path\'")'
+            )
+    return FeatureSource(
+        dataset=config.dataset,
+        encoder=config.encoder,
+        cache_dir=node.get("feature-cache-dir", config.feature_cache_dir),
+        data_dir=node.get("data-dir", config.data_dir),
+        own_data=any(key in node for key in NODE_PATH_KEYS),
+        device=config.device,
+        **config.cache_options(),
+    )
+
+
+@lru_cache(maxsize=2)
+def node_features(source: FeatureSource) -> CachedFeatures:
+    """The verified cache; built here first if this node has none yet (own data, first run)."""
+    return load_or_build(source.dataset, source.encoder, resolve_path(source.cache_dir),
+                         data_dir=source.data_dir or None, device=source.device, **source.options)
+
+
+def partition_spec(config: RunConfig) -> PartitionSpec:
+    return PartitionSpec(config.partition, config.seed, config.classes_per_client,
+                         config.dirichlet_p, config.dirichlet_alpha, config.zipf_s,
+                         config.within_domain)
+
+
+def noise_spec(config: RunConfig) -> NoiseSpec:
+    return NoiseSpec(config.label_noise, config.noise_rate, config.seed)
+
+
+@lru_cache(maxsize=4)
+def train_labels(source: FeatureSource, noise: NoiseSpec) -> np.ndarray:
+    """The training labels clients see: the cache's, with the run's label noise applied."""
+    cached = node_features(source)
+    return noisy_labels(cached.train.y, cached.num_classes, noise)
+
+
+@lru_cache(maxsize=4)
+def _partition(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
+               num_partitions: int) -> tuple[np.ndarray, ...]:
+    """Partitioned on the noisy labels: noise comes first, as in the benchmarks."""
+    cached = node_features(source)
+    needs_features = "feature-skew" in (spec.kind, spec.within_domain)
+    return tuple(partition_indices(spec, train_labels(source, noise), num_partitions,
+                                   cached.train.x if needs_features else None,
+                                   cached.train.domain))
+
+
+def all_partitions(config: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:
+    """Every client's row indices of the run's shared cache (the server's partition summary)."""
+    return _partition(feature_source(config), partition_spec(config), noise_spec(config),
+                      num_partitions)
+
+
+@dataclass(frozen=True)
+class NodeRows:
+    """One client's partition: its features, its (noisy) labels and what `describe` reports."""
+
+    features: np.ndarray  # float32 [n, D]
+    labels: np.ndarray  # int64 [n], with the run's label noise
+    noisy: int  # how many of those labels the noise changed
+    feature_space: str  # CachedFeatures.feature_space() of the cache they come from
+
+
+@lru_cache(maxsize=8)
+def node_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec, partition_id: int,
+              num_partitions: int) -> NodeRows:
+    """This client's rows, once per process. A node that owns its data also keeps them in a
+    small verified file beside its cache, so the fresh process Flower's deployment runtime
+    starts for every message reads a few MB instead of the whole cache (and never imports the
+    partitioners)."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id={partition_id} is not allowed; use 0..{num_partitions - 1}")
+    if not source.own_data:
+        return _rows_from_cache(source, spec, noise, partition_id, num_partitions)
+    node_features_dir = resolve_path(source.cache_dir)
+    folder = cache_path(node_features_dir, source.dataset, source.encoder, **source.options)
+    if not folder.exists():
+        node_features(source)  # first run on this node: build its cache
+    manifest = read_manifest(node_features_dir, source.dataset, source.encoder, **source.options)
+    request = {"partition": asdict(spec), "noise": asdict(noise), "partition_id": partition_id,
+               "num_partitions": num_partitions, "train_sha256": manifest["splits"]["train"]["sha256"]}
+    path = _rows_path(folder, request)
+    if path.exists():
+        return _read_rows(path, request, feature_space(manifest))
+    rows = _rows_from_cache(source, spec, noise, partition_id, num_partitions)
+    _write_rows(path, rows, request)
+    return rows
+
+
+def _rows_from_cache(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
+                     partition_id: int, num_partitions: int) -> NodeRows:
+    cached = node_features(source)
+    if source.own_data and num_partitions > len(cached.train.y):  # the server checks the run's
+        raise ValueError(
+            f"node config: num-partitions={num_partitions} is not allowed; this node's training "
+            f"split ({source.dataset} in data-dir {source.data_dir!r}) has only "
+            f"{len(cached.train.y)} samples")
+    rows = _partition(source, spec, noise, num_partitions)[partition_id]
+    labels = train_labels(source, noise)[rows]
+    return NodeRows(np.ascontiguousarray(cached.train.x[rows]), labels,
+                    int(np.sum(labels != cached.train.y[rows])), cached.feature_space())
+
+
+def _rows_path(folder: Path, request: dict) -> Path:
+    """`<cache_dir>/.rows/<cache folder>/<digest of the request>.safetensors` (hidden: not a cache)."""
+    digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:20]
+    return folder.parent / ROWS_DIR / folder.name / f"{digest}.safetensors"
+
+
+def _rows_digest(features: np.ndarray, labels: np.ndarray) -> str:
+    return hashlib.sha256(features.tobytes() + labels.tobytes()).hexdigest()
+
+
+def _write_rows(path: Path, rows: NodeRows, request: dict) -> None:
+    """Atomic: a temp file renamed into place, so a reader never sees half of one."""
+    metadata = {"request": json.dumps(request, sort_keys=True), "noisy": str(rows.noisy),
+                "feature_space": rows.feature_space,
+                "sha256": _rows_digest(rows.features, rows.labels)}
+    blob = st_save({"features": rows.features, "labels": rows.labels}, metadata=metadata)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write_durably(tmp, blob)
+    os.replace(tmp, path)
+
+
+def _read_rows(path: Path, request: dict, space: str) -> NodeRows:
+    """The saved rows, if they are what this request would compute from this cache."""
+    def stale(what: str) -> CacheError:
+        return CacheError(f"node rows {path}: {what}; delete the file to recompute it")
+
+    try:
+        blob = path.read_bytes()
+        tensors = st_load(blob)
+        features, labels = tensors["features"], tensors["labels"]
+        # safetensors: 8-byte little-endian header length, then the JSON header
+        header = json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")])
+        metadata = header.get("__metadata__") or {}
+    except (OSError, KeyError, ValueError, SafetensorError) as err:
+        raise stale(f"unreadable ({err})") from None
+    if metadata.get("request") != json.dumps(request, sort_keys=True):
+        raise stale("it was made for another partition or cache")
+    if metadata.get("feature_space") != space:
+        raise stale(f"feature space {metadata.get('feature_space')} is not the cache's {space}")
+    if metadata.get("sha256") != _rows_digest(features, labels):
+        raise stale("sha256 mismatch (corrupted)")
+    return NodeRows(features, labels, int(metadata["noisy"]), space)
+
+
+@lru_cache(maxsize=8)
+def node_test_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
+                   partition_id: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    """This client's own test split (personalization's Local accuracy): rows of its cache's test
+    split drawn with the class counts of its training partition scaled by test/train size, from
+    the domains it trains on, so it follows the client's own label distribution and inputs (its
+    corruption, camera or concept) and holds its share of the test split. Seeded by (run seed,
+    partition id); never a training row (another split); clean labels."""
+    cached = node_features(source)
+    train = node_rows(source, spec, noise, partition_id, num_partitions).labels
+    domains = cached.train.domain[_partition(source, spec, noise, num_partitions)[partition_id]]
+    return local_test_split(train, cached.test.y, np.bincount(cached.train.domain),
+                            np.random.default_rng([spec.seed, partition_id, 0x7E57]),
+                            cached.test.x, domains, cached.test.domain)
+
+
+def local_test_split(train_labels: np.ndarray, test_labels: np.ndarray,
+                     train_sizes: np.ndarray | int, rng: np.random.Generator,
+                     test_features: np.ndarray, train_domains: np.ndarray | None = None,
+                     test_domains: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per (domain, class) held: round(count x |test of the domain| / |train of the domain|) test
+    rows of that class and domain (at least one, at most all), without replacement; returns
+    their features and labels. `train_sizes`: the whole training split's size per domain."""
+    train_domains = np.zeros(len(train_labels), np.int64) if train_domains is None \
+        else np.asarray(train_domains)
+    test_domains = np.zeros(len(test_labels), np.int64) if test_domains is None \
+        else np.asarray(test_domains)
+    train_sizes = np.atleast_1d(train_sizes)
+    picks = []
+    for domain in np.unique(train_domains):
+        in_domain = test_domains == domain
+        ratio = in_domain.sum() / max(int(train_sizes[domain]), 1)
+        held = train_labels[train_domains == domain]
+        for label, count in zip(*np.unique(held, return_counts=True)):
+            pool = np.flatnonzero(in_domain & (test_labels == label))
+            take = min(len(pool), max(1, round(count * ratio)))
+            picks.append(rng.choice(pool, take, replace=False))
+    rows = np.sort(np.concatenate(picks)) if picks else np.empty(0, np.int64)
+    return np.ascontiguousarray(test_features[rows]), test_labels[rows].astype(np.int64)

@@ -1,0 +1,108 @@
+"""The clients' statistics summed under Flower's SecAgg+ (`statistics-aggregation = "secagg+"`).
+
+A closed-form start needs only the *sum* of the clients' statistics, which is what secure
+aggregation computes: with it the server learns the federation's sums and each client's
+sample count, not one client's class sums or Gram matrix.
+
+Flower 1.41 has SecAgg+ only in its legacy server API: `SecAggPlusWorkflow` type-checks for a
+`LegacyContext`, asks a legacy `Strategy` whom to send fit instructions to, and hands the
+aggregate to that strategy's `aggregate_fit`; its client half, `secaggplus_mod`, masks the
+`fitres.parameters` of a legacy FitRes-shaped reply to a `train` message. The message-API
+strategies this app runs on (`flwr.serverapp.strategy`) have no SecAgg+. This module bridges
+the two for the one exchange that needs it: a `LegacyContext` whose strategy (`SumStatistics`)
+sends every node the statistics request, answered by the ClientApp's mod
+(`client.secure_statistics_mod`) with the statistics as FitRes parameters.
+
+What SecAgg+ costs, as the workflow works:
+- four exchanges instead of none (plain statistics ride on `set_norm`); each client uploads
+  its masked vector (one int64 per statistic: twice float32's bytes) and key shares for its
+  `NUM_SHARES - 1` neighbours;
+- precision: the workflow averages Σ n_i v_i / Σ n_i of each client's per-sample statistics
+  v_i (`ClassStatistics.per_sample_vector`), each clipped to ±`CLIPPING_RANGE` (a client
+  whose statistics lie outside refuses instead of being clipped) and quantised to
+  `quantization_range(...)` levels, so the sums come back exact to about 1e-5 of their
+  scale instead of float32's 1e-7 (`tests/test_secure_sum.py`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.compat.common import recorddict_compat as compat
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.server.compat.legacy_context import LegacyContext
+from flwr.server.strategy import Strategy
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+from flwr.serverapp import Grid
+
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.core.head_init.statistics import ClassStatistics
+
+NUM_SHARES, RECONSTRUCTION_THRESHOLD = 3, 2  # Flower's SecAgg+ example: two neighbours each
+CLIPPING_RANGE = 1024.0  # |per-sample statistic| allowed; standardised features stay far below
+MODULUS_RANGE = 2**32  # the largest Flower allows
+
+
+def quantization_range(num_clients: int) -> int:
+    """The most levels for which the sum of every client's quantised entries stays below the
+    modulus (a power of two, as Flower asks)."""
+    return 2 ** int(np.floor(np.log2(MODULUS_RANGE / (2 * max(num_clients, 2)))))
+
+
+def secure_statistics(grid: Grid, nodes: list[int], request: dict, sizes: dict[int, int],
+                      num_features: int) -> ClassStatistics | None:
+    """Every node's statistics summed under SecAgg+: the server sees their sum and each
+    node's sample count (`sizes`, from `describe`), nothing else of them. None if the protocol
+    halted (too many clients failed; their errors are in the grid's replies)."""
+    manager = SimpleClientManager()
+    for node in nodes:  # the workflow only reads their node ids (run id 0: never used)
+        manager.register(GridClientProxy(node, grid, 0))
+    strategy = SumStatistics({**request, p.CLIPPING_RANGE: CLIPPING_RANGE})
+    context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
+                                    run_config={}), strategy=strategy, client_manager=manager)
+    context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: 0})
+    context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
+        ndarrays_to_parameters([]), keep_input=True)
+    small = len(nodes) <= NUM_SHARES  # then every node shares with every other
+    SecAggPlusWorkflow(
+        1.0 if small else NUM_SHARES, 1.0 if small else RECONSTRUCTION_THRESHOLD,
+        max_weight=float(max(max(sizes.values()), 1)), clipping_range=CLIPPING_RANGE,
+        quantization_range=quantization_range(len(nodes)), modulus_range=MODULUS_RANGE,
+    )(grid, context)
+    if strategy.average is None:
+        return None
+    return ClassStatistics.from_per_sample_vector(
+        strategy.average, sum(sizes.values()), int(request[p.NUM_CLASSES]), num_features)
+
+
+class SumStatistics(Strategy):
+    """The legacy strategy SecAgg+ talks to: every node gets the statistics request, and the
+    aggregate it is handed (every FitRes carries the same unmasked average) is kept."""
+
+    def __init__(self, request: dict) -> None:
+        self.request = dict(request)
+        self.average: np.ndarray | None = None
+
+    def initialize_parameters(self, client_manager):
+        return None
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        return [(proxy, FitIns(parameters, dict(self.request)))
+                for proxy in client_manager.all().values()]
+
+    def aggregate_fit(self, server_round, results, failures):
+        if results:
+            (self.average,) = parameters_to_ndarrays(results[0][1].parameters)
+        return None, {}
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        return []
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        return None, {}
+
+    def evaluate(self, server_round, parameters):
+        return None

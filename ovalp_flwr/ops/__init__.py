@@ -1,0 +1,1 @@
+"""Launchers and deployments: flwr run, local SuperLink + SuperNodes, certificates."""

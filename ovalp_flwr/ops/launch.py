@@ -1,0 +1,376 @@
+"""`flwr run .` in local simulation, with a SuperLink this process starts and stops.
+
+Flower's default `local` connection starts a detached SuperLink that outlives the run
+and lets the number of virtual SuperNodes default to 2. This launcher instead starts
+`flower-superlink --simulation` in its own process group on free loopback ports, points
+a project-local Flower config (`.flwr/config.toml`, so `~/.flwr` is untouched) at it,
+runs `flwr run <app> ovalp-local --stream` with the requested number of SuperNodes, and
+stops the whole process group by PID on exit, error or Ctrl-C.
+
+    python -m ovalp_flwr.ops.launch --num-supernodes 100 -- --run-config "head='softmax'"
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from ovalp_flwr.ops.console import RunConsole, new_log_path, relative
+from ovalp_flwr.federation.results import read_summary
+from ovalp_flwr.experiments.single_run import iid_twin, summary_lines
+
+PROJECT = Path(__file__).resolve().parent.parent
+CONNECTION = "ovalp-local"
+FINAL_LINE = "final accuracy "  # the ServerApp's closing log line starts like this
+RESULTS_IN = "; results in "  # ... and ends with its results folder
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for Flower's processes: local state, no telemetry, no runtime pip.
+
+    Our interpreter's bin/ goes first on PATH: the SuperLink starts `flower-superexec`
+    and the simulation runtime by name.
+    """
+    return {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+def _children() -> dict[int, list[int]]:
+    """Each live process's children (Linux /proc: the parent pid of every process)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return children
+
+
+def children(pid: int) -> list[int]:
+    """The live processes `pid` started itself."""
+    return _children().get(pid, [])
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of `pid` (Linux /proc), detached sessions included.
+
+    The SuperLink starts `flower-superexec` in a new session, which starts the simulation
+    and Ray; they are outside our process group but still in our process tree.
+    """
+    tree = _children()
+    found, frontier = [], [pid]
+    while frontier:
+        kids = tree.get(frontier.pop(), [])
+        found += kids
+        frontier += kids
+    return found
+
+
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), None if it is gone or a zombie: with its PID,
+    it names one process, not whichever took the PID over later."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent to reap it counts as gone)."""
+    return start_time(pid) is not None
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def stop_group(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """Stop `process`, its process group and every process it started, by PID.
+
+    SIGTERM first (Flower shuts its children down), SIGKILL for whatever is left.
+    """
+    stop_groups([process], grace)
+
+
+def stop_groups(processes: Sequence[subprocess.Popen], grace: float = 15.0) -> None:
+    """`stop_group` for several processes at once: all are signalled together and share one
+    grace period, instead of one each (a deployment's SuperLink, SuperNodes and runtimes)."""
+    trees = [pid for process in processes for pid in descendants(process.pid)]
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    _signal(trees, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_alive(pid) for pid in trees) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    _signal([pid for pid in trees if _alive(pid)], signal.SIGKILL)
+    for process in processes:
+        process.wait()
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with {process.returncode}; see {log}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"flower-superlink did not listen on port {port} in {timeout:.0f} s; see {log}")
+
+
+@contextlib.contextmanager
+def simulation_superlink(flwr_home: Path, cwd: Path = PROJECT) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A simulation SuperLink in its own process group; yields (process, address)."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = flwr_home / "superlink.log"
+    command = [_bin("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+               "--host", "127.0.0.1", "--port", str(port)]
+    with open(log, "ab") as log_file:
+        process = subprocess.Popen(command, cwd=cwd, env=flower_env(flwr_home), stdout=log_file,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_port(port, process, log)
+        yield process, f"127.0.0.1:{port}"
+    finally:
+        stop_group(process)
+
+
+def write_connection(flwr_home: Path, name: str, address: str,
+                     root_certificates: Path | None = None) -> None:
+    """Make `name` the default connection of this Flower home, pointing at our SuperLink
+    (TLS trusting `root_certificates` when given, else insecure)."""
+    security = (f'root-certificates = "{root_certificates}"\n' if root_certificates is not None
+                else "insecure = true\n")
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{security}'
+    )
+
+
+def federation_config(num_supernodes: int, num_gpus: float) -> str:
+    return (f"num-supernodes={num_supernodes} client-resources-num-cpus=1 "
+            f"client-resources-num-gpus={num_gpus}")
+
+
+def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Path,
+             num_gpus: float | None = None, verbose: bool = False) -> int:
+    """Run the app on `num_supernodes` virtual SuperNodes.
+
+    Returns `flwr run`'s exit code, or 1 if the run printed no result line (a failed
+    ServerApp still lets `flwr run --stream` exit 0).
+    """
+    if num_gpus is None:
+        num_gpus = 0.25 if _has_cuda() else 0.0
+    console = RunConsole(new_log_path(flwr_home), verbose)
+    console.also_search(flwr_home / "superlink.log")
+    print(f"simulating {num_supernodes} SuperNodes; full log: {relative(console.log_path)}",
+          flush=True)
+    with simulation_superlink(flwr_home, cwd=app) as (_, address):
+        write_connection(flwr_home, CONNECTION, address)
+        code, final_line = stream_flwr_run(
+            app, CONNECTION, flwr_home,
+            ["--federation-config", federation_config(num_supernodes, num_gpus), *flwr_args],
+            console)
+    return report_result(code, final_line, console)
+
+
+def app_files(app: Path) -> dict[str, Path]:
+    """What `flwr run <app>` packs from `app`, before its FAB rules: Flower's own publish
+    filter (.gitignore, file types) over a walk that skips the folders that filter drops
+    whole (`.venv/`, `.flwr/`, `__pycache__/`) instead of listing them file by file."""
+    from flwr.cli.utils import build_pathspec, filter_paths_for_publish
+    from flwr.supercore.constant import APP_PUBLISH_EXCLUDE_PATTERNS
+
+    dropped = build_pathspec(APP_PUBLISH_EXCLUDE_PATTERNS)
+    files: dict[str, Path] = {}
+    for folder, subfolders, names in os.walk(app):
+        relative_folder = Path(folder).relative_to(app)
+        subfolders[:] = [name for name in subfolders
+                         if not dropped.match_file((relative_folder / name / "-").as_posix())]
+        for name in names:
+            path = Path(folder) / name
+            if not path.is_symlink():  # Flower skips links too
+                files[(relative_folder / name).as_posix()] = path
+    return filter_paths_for_publish(files)
+
+
+@contextlib.contextmanager
+def packable_app(app: Path, under: Path) -> Iterator[Path]:
+    """A folder holding only the files `flwr run` would pack from `app`: it builds the same FAB
+    (same hash) from it. `flwr run` itself lists every file under the app folder first
+    (flwr/cli/utils.py, `collect_files`): with make's .venv inside the project, ~57,000 files
+    and 4-8 s of CPU per run. Files are hard links where `under` shares `app`'s file system;
+    pyproject.toml and .gitignore are copies (Flower may rewrite a legacy pyproject)."""
+    under.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="app-", dir=under))
+    try:
+        for relative_path, source in app_files(app).items():
+            target = folder / relative_path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if relative_path in ("pyproject.toml", ".gitignore"):
+                shutil.copyfile(source, target)
+                continue
+            try:
+                os.link(source, target)
+            except OSError:  # another file system
+                shutil.copyfile(source, target)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def stream_flwr_run(app: Path, connection: str, flwr_home: Path, flwr_args: list[str],
+                    console: RunConsole) -> tuple[int, str | None]:
+    """`flwr run <app> <connection> --stream ...` through `console`; (exit code, closing line).
+    Flower packs the app from `packable_app`'s folder; the run's working directory is `app`."""
+    with packable_app(app, flwr_home / "staged-apps") as packable:
+        command = [_bin("flwr"), "run", str(packable), connection, "--stream", *flwr_args]
+        run = subprocess.Popen(command, cwd=app, env=flower_env(flwr_home), start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return _follow(run, console)
+
+
+def _follow(run: subprocess.Popen, console: RunConsole) -> tuple[int, str | None]:
+    final_line = None
+    try:
+        assert run.stdout is not None
+        for line in run.stdout:  # stream the run's log, remember its closing line
+            if FINAL_LINE in line:
+                final_line = line.split(FINAL_LINE, 1)[1].strip()
+                console.log.write(line)  # shown once, last, by report_result
+                continue
+            console.feed(line)
+        code = run.wait()
+    finally:
+        stop_group(run)
+    return code, final_line
+
+
+def report_result(code: int, final_line: str | None, console: RunConsole) -> int:
+    """The run's summary table and result line, last; a run without one failed (`flwr run
+    --stream` exits 0 even when the ServerApp fails)."""
+    console.close(failed=final_line is None)
+    if final_line is None:
+        print(f"run failed (flwr run exit {code}); full log: {relative(console.log_path)}")
+        return code or 1
+    run_dir = Path(final_line.rsplit(RESULTS_IN, 1)[1]) if RESULTS_IN in final_line else None
+    if run_dir is not None and (run_dir / "summary.json").is_file():
+        summary = read_summary(run_dir)
+        print(summary_lines(summary, iid_twin(run_dir.parent, summary)))
+        final_line = f"{final_line.rsplit(RESULTS_IN, 1)[0]}{RESULTS_IN}{relative(run_dir)}"
+    print(f"{FINAL_LINE}{final_line}")
+    return code
+
+
+def flwr_args_after_dashes(parser: argparse.ArgumentParser, argv: list[str] | None
+                           ) -> tuple[argparse.Namespace, list[str]]:
+    """Parse our options; everything after `--` goes to `flwr run` untouched."""
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show Flower's (and in simulation Ray's) whole log, not only the "
+                             "run's own lines")
+    parser.add_argument("flwr_args", nargs=argparse.REMAINDER,
+                        help="passed to `flwr run` after `--` (e.g. --run-config ...)")
+    args = parser.parse_args(argv)
+    flwr_args = args.flwr_args[1:] if args.flwr_args[:1] == ["--"] else args.flwr_args
+    if args.num_supernodes < 1:
+        parser.error(f"--num-supernodes={args.num_supernodes} is not allowed; use 1 or more")
+    return args, flwr_args
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    sys.exit(128 + signum)
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While the block runs, SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so every
+    process started in it is stopped on the way out. A handler someone else installed (a
+    test session's) is left alone; the default comes back afterwards."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.ops.launch",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-supernodes", type=int, default=100,
+                        help="virtual SuperNodes, one client each (default: %(default)s)")
+    parser.add_argument("--num-gpus", type=float, default=None,
+                        help="GPU share per virtual client (default 0.25 with CUDA, else 0)")
+    parser.add_argument("--app", type=Path, default=PROJECT,
+                        help="the Flower app's folder (default: this project)")
+    parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr",
+                        help="Flower's state and the runs' logs (default: %(default)s)")
+    args, flwr_args = flwr_args_after_dashes(parser, argv)
+    if not preflight(args.app.resolve(), flwr_args):
+        return 2
+    with sigterm_unwinds():
+        return simulate(args.app.resolve(), args.num_supernodes, flwr_args,
+                        args.flwr_home.resolve(), args.num_gpus, args.verbose)
+
+
+def preflight(app: Path, flwr_args: list[str]) -> bool:
+    """The run config and data checked before any Flower process starts; False (and one
+    line on stderr) when the run cannot work."""
+    from ovalp_flwr.ops.preflight import PreflightError, check_run
+
+    try:
+        check_run(app, flwr_args)
+    except PreflightError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The launchers' checks before any Flower or Ray process starts.
+
+`flwr run` rejects a misspelt run-config key with a bare `[code: 15] Invalid run
+configuration.` (the cause is in the SuperLink's log), and a bad value or a missing data file
+only surfaces once the simulation is up (~30 s). Here the run config is assembled exactly as
+Flower will assemble it (the app's `[tool.flwr.app.config]` defaults, then `--run-config`,
+parsed by Flower's own parser), validated as the ServerApp will validate it, and the data it
+needs is looked for: one line naming the cause, in about a second.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ovalp_flwr.config import ConfigError, RunConfig
+
+RUN_CONFIG_FLAGS = ("--run-config", "-c")
+
+
+class PreflightError(ValueError):
+    """A run that cannot start; the message is one self-contained line."""
+
+
+def run_config_overrides(flwr_args: Sequence[str]) -> list[str]:
+    """The values of every `--run-config`/`-c` in `flwr run`'s arguments, in order."""
+    values, args = [], list(flwr_args)
+    for i, arg in enumerate(args):
+        if arg in RUN_CONFIG_FLAGS:
+            if i + 1 >= len(args):
+                raise PreflightError(f"{arg} needs a value, e.g. {arg} \"head='softmax'\"")
+            values.append(args[i + 1])
+        elif arg.startswith("--run-config="):
+            values.append(arg.split("=", 1)[1])
+    return values
+
+
+def app_defaults(app: Path) -> dict[str, Any]:
+    """The app's `[tool.flwr.app.config]`, flattened as Flower flattens it."""
+    from flwr.common.config import flatten_dict, get_project_config
+
+    try:
+        project = get_project_config(app)
+    except (FileNotFoundError, ValueError) as err:
+        raise PreflightError(f"app {app}: {str(err).splitlines()[0]}") from None
+    return flatten_dict(project["tool"]["flwr"]["app"].get("config", {}))
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Flower's own parsing of `--run-config` (TOML values, or one .toml file)."""
+    from click import ClickException
+    from flwr.common.config import parse_config_args
+
+    try:
+        return parse_config_args(overrides or None)
+    except ClickException as err:
+        raise PreflightError(f"--run-config: {err.message}") from None
+    except (OSError, ValueError) as err:
+        raise PreflightError(f"--run-config: {err}") from None
+
+
+def fused_run_config(app: Path, flwr_args: Sequence[str]) -> dict[str, Any]:
+    """The run config the ServerApp will get; an unknown key names the closest known one."""
+    defaults = app_defaults(app)
+    overrides = parse_overrides(run_config_overrides(flwr_args))
+    for key, value in overrides.items():
+        if key not in defaults:
+            close = difflib.get_close_matches(key, list(defaults), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see [tool.flwr.app.config] in pyproject.toml"
+            raise PreflightError(f"run config: unknown key {key!r} (={value!r}); {hint}")
+    return {**defaults, **overrides}
+
+
+def check_data(config: RunConfig, app: Path) -> None:
+    """The feature cache must be sound, or else the dataset files it is built from must exist.
+
+    Relative paths are the app's (Flower runs the apps in the app's folder).
+    """
+    from ovalp_flwr.features.cache import CacheError, cache_path, load_features
+    from ovalp_flwr.data.registry import missing_data
+
+    cache_dir = Path(config.feature_cache_dir)
+    cache_dir = cache_dir if cache_dir.is_absolute() else app / cache_dir
+    if cache_path(cache_dir, config.dataset, config.encoder, **config.cache_options()).exists():
+        try:  # the ServerApp's own check (manifest, sizes, hashes): under a second
+            load_features(config.dataset, config.encoder, cache_dir)
+        except CacheError as err:
+            raise PreflightError(str(err)) from None
+        return
+    problem = missing_data(config.dataset, config.data_dir or None, cwd=app)
+    if problem:
+        raise PreflightError(problem)
+
+
+def check_run(app: Path, flwr_args: Sequence[str]) -> RunConfig:
+    """Everything that can be known before starting Flower; PreflightError if it is wrong."""
+    try:
+        config = RunConfig.from_mapping(fused_run_config(app, flwr_args))
+    except ConfigError as err:
+        raise PreflightError(str(err)) from None
+    check_data(config, app)
+    return config

@@ -1,0 +1,357 @@
+"""What a client does with each message; `client_app.py` only registers these.
+
+The client's features are loaded and normalised once per process and kept on its
+device; a round is then a few SGD (or AdamW) steps on a slice of memory.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.node import (NodeRows, feature_source, node_rows, node_test_rows,
+                                    noise_spec, partition_spec)
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.core.head_init.statistics import KINDS, ClassStatistics
+from ovalp_flwr.core.heads import accuracy, loss_for
+from ovalp_flwr.core.model import FeatureModel, model_from_numpy, model_to_numpy
+from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
+from ovalp_flwr.core.devices import resolve_device
+from ovalp_flwr.core.training import LocalSchedule, shuffle_generator, train_local
+
+# run -> partition id -> (features, labels). One run's rows at a time: a process that serves
+# many runs (a sweep in process, a Ray worker) would otherwise keep a training split per run.
+_ON_DEVICE: dict[tuple, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+
+
+def node_partition(context: Context) -> tuple[int, int]:
+    """(partition-id, num-partitions): set by simulation, or by `--node-config` in deployment."""
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as missing:
+        raise ValueError(
+            f"node config lacks {missing}; start the SuperNode with "
+            '--node-config "partition-id=<i> num-partitions=<n>"'
+        ) from None
+
+
+def describe(msg: Message, context: Context) -> Message:
+    """Who this client is, how many samples it has, which feature space its cache is in, and
+    (if the normalisation needs them) its feature moments. A node with its own data builds its
+    cache here, on the run's first message. If the server asks (a start from statistics under a
+    normalisation that needs no global statistics), its class statistics too."""
+    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
+        from ovalp_flwr.finetune import client as finetune
+
+        return finetune.describe(msg, context)
+    config = RunConfig.from_mapping(context.run_config)
+    partition_id, num_partitions = node_partition(context)
+    rows = _rows(config, context)
+    content = RecordDict({
+        p.METRICS: MetricRecord({
+            p.PARTITION_ID: partition_id, p.NUM_PARTITIONS: num_partitions,
+            p.NUM_EXAMPLES: len(rows.labels), p.NOISY_EXAMPLES: rows.noisy,
+            p.OWN_DATA: int(feature_source(config, context.node_config).own_data),
+        }),
+        p.CONFIG: ConfigRecord({p.FEATURE_SPACE: rows.feature_space}),
+    })
+    if NEEDS_STATS[config.feature_norm] and len(rows.labels):
+        moments = FeatureMoments.of(per_sample(config.feature_norm, rows.features))
+        content[p.MOMENTS] = p.to_record({"sum": moments.total, "sum-sq": moments.total_sq})
+    _add_statistics(content, config, context, msg.content[p.CONFIG], digest="")
+    return Message(content=content, reply_to=msg)
+
+
+def set_norm(msg: Message, context: Context) -> Message:
+    """Keep the global statistics in the node's state for the rest of the run; send the class
+    statistics of the normalised features if the server asks for them."""
+    context.state[p.NORM_STATE] = msg.content[p.NORM]
+    content = RecordDict({p.METRICS: MetricRecord({"stored": 1})})
+    request = msg.content.config_records.get(p.CONFIG, ConfigRecord())
+    digest = NormStats(**p.from_record(msg.content[p.NORM])).digest()
+    _add_statistics(content, RunConfig.from_mapping(context.run_config), context, request, digest)
+    return Message(content=content, reply_to=msg)
+
+
+def _add_statistics(content: RecordDict, config: RunConfig, context: Context,
+                    request: Mapping, digest: str) -> None:
+    """The class statistics, if asked for; a client without data sends none."""
+    stats = client_statistics(config, context, request, digest)
+    if stats is not None and stats.num_samples:
+        content[p.STATISTICS] = p.to_record(stats.to_arrays())
+
+
+def client_statistics(config: RunConfig, context: Context, request: Mapping,
+                      digest: str) -> ClassStatistics | None:
+    """Per-class counts and sums of the normalised features (and their Gram matrix) the
+    server's request asks for; None if it asks for none."""
+    kind = str(request.get(p.STATISTICS_KIND, "none"))
+    if kind not in KINDS:
+        raise ValueError(f"{p.STATISTICS_KIND}={kind!r} is not allowed; the server asks for one "
+                         f"of: {', '.join(KINDS)}")
+    if kind == "none":
+        return None
+    features, labels = _device_rows(config, context, digest)
+    return ClassStatistics.of(features, labels, int(request[p.NUM_CLASSES]), kind == "gram")
+
+
+def secure_statistics_mod(msg: Message, context: Context, call_next) -> Message:
+    """A ClientApp mod: the `train` messages of Flower's SecAgg+ workflow (server half:
+    `ovalp_flwr.federation.secure_sum`) go through Flower's `secaggplus_mod`, which masks the statistics
+    `_statistics_fitres` returns; every other message goes on to the handlers untouched."""
+    if msg.metadata.message_type != "train" or p.SECAGG_CONFIGS not in msg.content.config_records:
+        return call_next(msg, context)
+    from flwr.client.mod import secaggplus_mod  # only for this exchange: a light ClientApp
+
+    return secaggplus_mod(msg, context, _statistics_fitres)
+
+
+def _statistics_fitres(msg: Message, context: Context) -> Message:
+    """The requested statistics per sample, as the legacy FitRes that SecAgg+ masks; a client
+    whose statistics exceed the clipping range refuses instead of being clipped."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+    from flwr.compat.common import recorddict_compat as compat
+
+    request = compat.recorddict_to_fitins(msg.content, keep_input=True).config
+    config = RunConfig.from_mapping(context.run_config)
+    stats = client_statistics(config, context, request, str(request.get(p.NORM_DIGEST, "")))
+    vector = stats.per_sample_vector()
+    limit = float(request[p.CLIPPING_RANGE])
+    if np.abs(vector).max(initial=0.0) > limit:
+        raise ValueError(f"a per-sample statistic of this client is {np.abs(vector).max():.4g}, "
+                         f"outside SecAgg+'s clipping range ±{limit:g}; use "
+                         "statistics-aggregation='plain'")
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([vector]), stats.num_samples, {})
+    return Message(content=compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
+
+
+def train(msg: Message, context: Context) -> Message:
+    """One local round at the stage the server sent."""
+    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
+        from ovalp_flwr.finetune import client as finetune
+
+        return finetune.train(msg, context)
+    config = RunConfig.from_mapping(context.run_config)
+    round_config = msg.content[p.CONFIG]
+    server_round = int(round_config["server-round"])
+    partition_id, _ = node_partition(context)
+    features, labels = _device_rows(config, context, str(round_config.get(p.NORM_DIGEST, "")))
+    correction = msg.content.array_records.get(p.CORRECTION)
+    result = train_local(
+        p.from_record(msg.content[p.ARRAYS]), features, labels,
+        head_type=config.head,
+        stage=int(round_config[p.STAGE]),
+        schedule=local_schedule(config, round_config, len(labels)),
+        generator=shuffle_generator(config.seed, server_round, partition_id),
+        gradient_offset=None if correction is None else p.from_record(correction),
+        activation=config.adapter_activation,
+    )
+    metrics = MetricRecord({
+        p.NUM_EXAMPLES: result.num_examples,
+        p.TRAIN_LOSS: 0.0 if result.num_examples == 0 else result.mean_loss,
+        p.TRAIN_SECONDS: result.seconds,
+        p.LOCAL_STEPS: result.steps,
+    })
+    content = RecordDict({p.ARRAYS: p.to_record(result.arrays), p.METRICS: metrics})
+    return Message(content=content, reply_to=msg)
+
+
+def local_schedule(config: RunConfig, round_config: Mapping | None = None,
+                   num_examples: int = 0) -> LocalSchedule:
+    """The run's local optimiser; the steps come from `local-steps`, else from the server
+    (epoch-size "equal-share" or "own-data-equal-steps": the same for every client), else from
+    the client's epochs. Under "own-data-equal-steps" a client bigger than an equal share takes
+    bigger batches, so that its epochs still pass over all of its data."""
+    steps = config.local_steps or int((round_config or {}).get(p.LOCAL_STEPS, 0))
+    batch = config.batch_size
+    if config.epoch_size == "own-data-equal-steps" and steps and not config.local_steps:
+        batch = max(batch, math.ceil(num_examples * config.local_epochs / steps))
+    return LocalSchedule(config.local_epochs, batch, config.learning_rate,
+                         config.weight_decay, config.local_optimizer, steps)
+
+
+def evaluate(msg: Message, context: Context) -> Message:
+    """Local accuracy of the global head on this client's own data."""
+    config = RunConfig.from_mapping(context.run_config)
+    features, labels = _device_rows(config, context, str(msg.content[p.CONFIG].get(p.NORM_DIGEST, "")))
+    head = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), features.device,
+                            config.adapter_activation)
+    local_accuracy = accuracy(head, features, labels) if len(labels) else 0.0
+    metrics = MetricRecord({p.ACCURACY: local_accuracy, p.NUM_EXAMPLES: len(labels)})
+    return Message(content=RecordDict({p.METRICS: metrics}), reply_to=msg)
+
+
+def _stored_stats(context: Context, digest: str) -> NormStats | None:
+    """The statistics set-norm stored, checked against the digest the server sent."""
+    if not digest:
+        return None
+    record = context.state.get(p.NORM_STATE)
+    stats = None if record is None else NormStats(**p.from_record(record))
+    if stats is None or stats.digest() != digest:
+        found = "none" if stats is None else stats.digest()
+        raise RuntimeError(
+            f"feature statistics on this node ({found}) do not match the server's ({digest}); "
+            "the node missed the run's set_norm message"
+        )
+    return stats
+
+
+def _rows(config: RunConfig, context: Context) -> NodeRows:
+    """This node's partition of the cache it reads (the run's, or its own: see client_data)."""
+    partition_id, num_partitions = node_partition(context)
+    source = feature_source(config, context.node_config)
+    return node_rows(source, partition_spec(config), noise_spec(config), partition_id,
+                     num_partitions)
+
+
+def _device_rows(config: RunConfig, context: Context, digest: str,
+                 split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    """This client's normalised features and labels on its device, built once per process:
+    its training partition, or (split="test") its own test split (`node_test_rows`)."""
+    partition_id, num_partitions = node_partition(context)
+    run = (feature_source(config, context.node_config), partition_spec(config),
+           noise_spec(config), config.feature_norm, config.device, num_partitions, digest)
+    if run not in _ON_DEVICE:
+        _ON_DEVICE.clear()
+        _ON_DEVICE[run] = {}
+    on_device = _ON_DEVICE[run]
+    if (split, partition_id) not in on_device:
+        stats = _stored_stats(context, digest)
+        rows = _rows(config, context) if split == "train" else _test_rows(config, context)
+        device = resolve_device(config.device)
+        if device.type == "cpu":
+            # Heads are tiny: with 2 intra-op threads a 3-step round took 15 ms, with one
+            # 2.5 ms (thread sync dominates). A Ray client holds one CPU anyway.
+            torch.set_num_threads(1)
+        features = normalize(config.feature_norm, rows.features, stats) if len(rows.labels) \
+            else rows.features
+        on_device[split, partition_id] = (
+            torch.from_numpy(np.ascontiguousarray(features)).to(device),
+            torch.from_numpy(rows.labels.astype(np.int64)).to(device))
+    return on_device[split, partition_id]
+
+
+def _test_rows(config: RunConfig, context: Context) -> NodeRows:
+    partition_id, num_partitions = node_partition(context)
+    source = feature_source(config, context.node_config)
+    features, labels = node_test_rows(source, partition_spec(config), noise_spec(config),
+                                      partition_id, num_partitions)
+    return NodeRows(features, labels, 0, "")
+
+
+# ------------------------------------------------------------------ personalization (PFT)
+
+
+def personalize(msg: Message, context: Context) -> Message:
+    """Fine-tune the global model with the method the server names, on this client's own
+    training rows, once. The reply carries the personalized model (the other clients score
+    it: `score_personalized`), its Local accuracy after every epoch on this client's own test
+    split, and snapshots at the run's curve epochs. A node with a `model-dir` keeps the model."""
+    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
+        from ovalp_flwr.finetune import client as finetune
+
+        return finetune.personalize(msg, context)
+    config = RunConfig.from_mapping(context.run_config)
+    digest = str(msg.content[p.CONFIG].get(p.NORM_DIGEST, ""))
+    features, labels = _device_rows(config, context, digest)
+    test_rows = _device_rows(config, context, digest, split="test")
+    global_model = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), features.device,
+                                    config.adapter_activation)
+    return personalization_reply(msg, context, config, global_model, (features, labels),
+                                 test_rows, model_to_numpy)
+
+
+def personalization_reply(msg: Message, context: Context, config: RunConfig, global_model,
+                          train_rows: tuple[torch.Tensor, torch.Tensor],
+                          test_rows: tuple[torch.Tensor, torch.Tensor],
+                          arrays_of: Callable[[FeatureModel], dict[str, np.ndarray]]) -> Message:
+    """Run the requested method on `global_model` (the heads on features, or an encoder:
+    `finetune.client`) and build the reply; `arrays_of(model)` is what of a model travels."""
+    from ovalp_flwr.personalize import LocalData, Task, make_personalizer
+
+    request = msg.content[p.CONFIG]
+    method = str(request[p.METHOD])
+    (features, labels), (test_x, test_y) = train_rows, test_rows
+    curve: list[float] = []
+    snapshots: dict[int, dict[str, np.ndarray]] = {}
+
+    def on_epoch(epoch: int, model: FeatureModel) -> None:
+        curve.append(accuracy(model, test_x, test_y) if len(test_y) else 0.0)
+        if epoch in config.curve_epochs:
+            snapshots[epoch] = arrays_of(model)
+
+    personalizer = make_personalizer(method, config.personalizer_options(method))
+    task = Task(loss_for(config.head, stage=2), pft_generator(config.seed, context), on_epoch)
+    started = time.perf_counter()
+    model = (personalizer.personalize(global_model, LocalData(features, labels), task)
+             if len(labels) else global_model)  # nothing to fine-tune on: the global model
+    seconds = time.perf_counter() - started
+    arrays = arrays_of(model)
+    saved = save_personalized(context, str(request.get(p.RUN_NAME, "")), method, arrays)
+    content = RecordDict({
+        p.ARRAYS: p.to_record(arrays),
+        p.METRICS: MetricRecord({p.LOCAL_CURVE: curve, p.TRAIN_SECONDS: seconds,
+                                 p.NUM_EXAMPLES: len(labels), p.NUM_TEST: len(test_y)}),
+        p.CONFIG: ConfigRecord({"saved": saved}),
+    })
+    for epoch, snapshot in snapshots.items():
+        content[f"{p.SNAPSHOT_PREFIX}{epoch}"] = p.to_record(snapshot)
+    return Message(content=content, reply_to=msg)
+
+
+def score_personalized(msg: Message, context: Context) -> Message:
+    """Score every model the server sent on this client's own test split: right predictions,
+    and the summed L2 distance between its features and the global model's (the study's
+    feature distortion), so no test row leaves the client."""
+    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
+        from ovalp_flwr.finetune import client as finetune
+
+        return finetune.score_personalized(msg, context)
+    config = RunConfig.from_mapping(context.run_config)
+    digest = str(msg.content[p.CONFIG].get(p.NORM_DIGEST, ""))
+    test_x, test_y = _device_rows(config, context, digest, split="test")
+    device, activation = test_x.device, config.adapter_activation
+    global_model = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), device, activation)
+    metrics: dict[str, int | float] = {p.NUM_TEST: len(test_y)}
+    with torch.inference_mode():
+        global_features = global_model.features(test_x)
+        for key, record in msg.content.array_records.items():
+            if not key.startswith(p.MODEL_PREFIX):
+                continue
+            name = key[len(p.MODEL_PREFIX):]
+            model = model_from_numpy(p.from_record(record), device, activation)
+            features = model.features(test_x)
+            metrics[p.CORRECT_PREFIX + name] = int((model(test_x).argmax(1) == test_y).sum())
+            metrics[p.DISTANCE_PREFIX + name] = float(
+                torch.linalg.vector_norm(features - global_features, dim=1).sum())
+    return Message(content=RecordDict({p.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+
+def pft_generator(seed: int, context: Context) -> torch.Generator:
+    """The PFT batch order, fixed by (run seed, partition): reruns are identical, and the
+    round-indexed federated streams never repeat it."""
+    partition_id, _ = node_partition(context)
+    entropy = np.random.SeedSequence([seed, partition_id, 0x9F7]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(entropy))
+
+
+def save_personalized(context: Context, run_name: str, method: str,
+                      arrays: dict[str, np.ndarray]) -> str:
+    """`<model-dir>/<run-name>/<method>.safetensors`, atomically, if the node config names a
+    model dir (a deployed node keeps its model); returns the path, or "" when not kept."""
+    from ovalp_flwr.personalize.store import write_model
+
+    model_dir = context.node_config.get("model-dir")
+    if not model_dir:
+        return ""
+    path = Path(str(model_dir)).expanduser().resolve() / (run_name or "run") / f"{method}.safetensors"
+    write_model(path, arrays, {"method": method, "run-name": run_name,
+                               "partition-id": str(node_partition(context)[0])})
+    return str(path)
