@@ -928,7 +928,7 @@ def write_report(preset: Preset, specs: Sequence[RunSpec], results_root: Path, o
         write_atomic(out_dir / name, data)
     personalization = personalized_runs(preset, runs, results_dir)
     if personalization:
-        from ovalp_flwr.personalize import report as pft_report
+        from ovalp_flwr.experiments import pft_report
 
         section, pft_images, pft_csv = pft_report.section(personalization)
         for name, data in pft_images.items():
