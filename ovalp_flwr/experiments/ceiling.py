@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-CEILING_FILE = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / \
+CEILING_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / \
     "centralised_ceiling.json"
 
 

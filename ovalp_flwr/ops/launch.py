@@ -29,7 +29,7 @@ from ovalp_flwr.ops.console import RunConsole, new_log_path, relative
 from ovalp_flwr.federation.results import read_summary
 from ovalp_flwr.experiments.single_run import iid_twin, summary_lines
 
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parents[2]
 CONNECTION = "ovalp-local"
 FINAL_LINE = "final accuracy "  # the ServerApp's closing log line starts like this
 RESULTS_IN = "; results in "  # ... and ends with its results folder
