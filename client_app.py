@@ -1,15 +1,40 @@
-"""Flower ClientApp: wiring only (handlers live in `ovalp_flwr.ova.client`)."""
+"""Flower ClientApp: wiring only. The path a message takes is chosen here, once: the cached
+features (`ovalp_flwr.ova.client`, `finetune = "none"`) or the encoder (`ovalp_flwr.finetune.client`)."""
 
+import importlib
+from types import ModuleType
+
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from ovalp_flwr.ova import client
 from ovalp_flwr.federation.chaos import chaos_mod
+from ovalp_flwr.ova import client as feature_path
 
-app = ClientApp()
+
+def path_of(context: Context) -> ModuleType:
+    """The module whose handlers serve this run."""
+    if context.run_config.get("finetune", "none") == "none":
+        return feature_path
+    # imported on the encoder path's first message only: transformers and peft take seconds
+    return importlib.import_module("ovalp_flwr.finetune.client")
+
+
+def handler(name: str):
+    """The run's path's handler `name`."""
+
+    def handle(msg: Message, context: Context) -> Message:
+        return getattr(path_of(context), name)(msg, context)
+
+    handle.__name__ = name
+    return handle
+
+
+# one_thread_mod: the cached path's tiny head math on one CPU thread, per message
+app = ClientApp(mods=[feature_path.one_thread_mod])
 # chaos_mod: only on nodes whose --node-config names a `chaos` kind (fault rehearsals)
-app.train(mods=[chaos_mod, client.secure_statistics_mod])(client.train)
-app.evaluate()(client.evaluate)
-app.query("describe")(client.describe)
-app.query("set_norm")(client.set_norm)
-app.train("personalize")(client.personalize)
-app.evaluate("personalized")(client.score_personalized)
+app.train(mods=[chaos_mod, feature_path.secure_statistics_mod])(handler("train"))
+app.evaluate()(handler("evaluate"))
+app.query("describe")(handler("describe"))
+app.query("set_norm")(handler("set_norm"))
+app.train("personalize")(handler("personalize"))
+app.evaluate("personalized")(handler("score_personalized"))

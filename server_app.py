@@ -1,16 +1,29 @@
-"""Flower ServerApp: wiring only (the run itself is `ovalp_flwr.ova.server.run_server`)."""
+"""Flower ServerApp: wiring only. The path a run takes is chosen here, once: the cached features
+(`ovalp_flwr.ova.server`, `finetune = "none"`) or the encoder (`ovalp_flwr.finetune.server`)."""
 
 import sys
 from logging import ERROR
+from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from ovalp_flwr.features.cache import CacheError
 from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.features.cache import CacheError
 from ovalp_flwr.features.encoders import EncoderError, WeightsUnavailable
-from ovalp_flwr.ova.server import FederationError, run_server
+from ovalp_flwr.federation.exchange import FederationError
+from ovalp_flwr.ova.server import run_ova
+
+
+def run_server(grid: Grid, config: RunConfig) -> Path:
+    """One run on `grid`; returns its results folder."""
+    if config.finetune == "none":
+        return run_ova(grid, config)
+    from ovalp_flwr.finetune.server import run_finetune  # transformers and peft: this path only
+
+    return run_finetune(grid, config)
+
 
 app = ServerApp()
 

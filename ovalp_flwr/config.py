@@ -2,19 +2,30 @@
 
 Both apps build a `RunConfig` once from `context.run_config`; every bad value stops the
 run with a single `ConfigError` line naming the key, the value and what is allowed.
+Each key's description sits next to its field; `python -m ovalp_flwr.config --markdown`
+turns them into docs/config.md. Validating imports no torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any
 
 from ovalp_flwr.data.noise import NOISE_KINDS
+from ovalp_flwr.data.registry import dataset_modality
+from ovalp_flwr.features.modalities import ENCODER_MODALITY
+from ovalp_flwr.personalize.hyperparameters import (HYPERPARAMETERS, METHOD_NAMES,
+                                                    PFT_OPTIMIZERS, FineTuning,
+                                                    HyperparameterError, parse_hyperparameters)
 
 HEADS = ("ova", "softmax")
 SCHEDULES = ("two-stage", "single-stage")
 PARTITIONS = ("iid", "shard", "bernoulli-dirichlet", "zipf", "feature-skew", "domain")
+# partition "domain": how the clients of one domain split its rows (any partition but domain)
+WITHIN_DOMAIN_PARTITIONS = ("iid", "shard", "bernoulli-dirichlet", "zipf", "feature-skew")
 FEATURE_NORMS = ("none", "l2", "standardize", "center-l2")
 DEVICES = ("auto", "cpu", "cuda")
 LOCAL_OPTIMIZERS = ("adamw", "sgd")
@@ -27,7 +38,7 @@ STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.federation
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
 FINETUNES = ("none", "lp", "fedavg-lora", "flora", "full")  # ovalp_flwr.finetune
 PFT_PREFIX = "pft."  # pft.<method>.<hyperparameter>: a personalization method's own knobs
-# the knobs every method shares (personalize.base.FineTuning) and their run-config keys
+# the knobs every method shares (personalize.hyperparameters.FineTuning) and their run-config keys
 SHARED_PFT = {"epochs": "pft-epochs", "learning-rate": "pft-learning-rate",
               "batch-size": "pft-batch-size", "optimizer": "pft-optimizer",
               "weight-decay": "pft-weight-decay"}
@@ -54,6 +65,63 @@ class ConfigError(ValueError):
         self.key, self.value, self.allowed = key, value, allowed
 
 
+# docs/config.md's sections, in its order: {section: (title, what it covers)}; every key
+# names its section
+SECTIONS: dict[str, tuple[str, str]] = {
+    "data": ("Data and features", "What the clients hold and how it becomes features "
+             "([Data](data.md))."),
+    "partition": ("Partition", "How the training split is spread over the clients, one per "
+                  "SuperNode; every scheme is seeded by `seed` ([Data](data.md))."),
+    "training": ("Model and local training", "The model on the cached features and each "
+                 "client's local step ([Quantity skew](quantity-skew.md))."),
+    "rounds": ("Schedule and aggregation", "The rounds, who takes part in them and how the "
+               "server combines the replies."),
+    "start": ("Where the heads start", "Closed-form starts built from the clients' summed "
+              "statistics ([Closed-form starts](closed-form-starts.md))."),
+    "personalize": ("Personalization", "Fine-tuning the final global model on each client's "
+                    "own data after the last round "
+                    "([Personalization after federation](personalization.md))."),
+    "finetune": ("Fine-tuning the encoder", "Training through the encoder on raw data instead "
+                 "of heads on cached features ([Fine-tuning the encoder](finetune.md))."),
+    "reliability": ("Reliability", "Slow or failing nodes, checkpoints and resuming "
+                    "([Reliability](reliability.md))."),
+    "run": ("Seed, device and output", "Reproducibility, where the run computes and where its "
+            "results go ([What a run prints and writes](results.md))."),
+}
+
+
+def _dataset_choices() -> str:
+    """The dataset names validation allows, as its message lists them (Markdown)."""
+    try:
+        dataset_modality("")
+    except ValueError as err:
+        listed = str(err).split("; ", 1)[-1].removeprefix("choose one of ")
+        return _code([name for part in listed.split(" or ") for name in part.split(", ")])
+    raise AssertionError("the dataset registry accepted an empty name")
+
+
+def _encoder_choices() -> str:
+    """The encoders by what they read, which must be what the dataset holds (Markdown)."""
+    reads: dict[str, list[str]] = {}
+    for name, modality in ENCODER_MODALITY.items():
+        reads.setdefault(modality, []).append(name)
+    return "; ".join(f"{modality}: {_code(names)}" for modality, names in reads.items())
+
+
+# what validation allows: the tuple it checks against, or a function that renders the
+# names a registry knows as Markdown
+Choices = tuple[str, ...] | Callable[[], str]
+
+
+def _key(default: Any, section: str, doc: str, allowed: Choices | None = None) -> Any:
+    """A run-config key's field: its default (pyproject's must equal it), its section and
+    description in docs/config.md, and the values validation allows where it lists them
+    (the very tuple it checks against, or a function naming them)."""
+    assert section in SECTIONS, section
+    return dataclasses.field(default=default,
+                             metadata={"section": section, "doc": doc, "allowed": allowed})
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Every knob of a run. Defaults: the paper's main setting, except where the heads start
@@ -62,86 +130,180 @@ class RunConfig:
     correction, the same number of steps for every client and weight decay 0.01, which hold
     OvA-LP's accuracy where label skew meets quantity skew (README, "Quantity skew")."""
 
-    dataset: str = "digits"
-    encoder: str = "efficientnet-lite0"
-    data_dir: str = ""  # local dataset files; "" = $OVALP_DATA_DIR, else ../shared/data
-    feature_cache_dir: str = "feature_cache"
-    head: str = "ova"
-    schedule: str = "two-stage"
-    stage1_rounds: int = 1
-    partition: str = "shard"
-    # partition "domain" (each client one domain of a multi-domain dataset, or a share of one):
-    # how the clients of one domain split its rows, with the keys of that partition
-    within_domain: str = "iid"
-    classes_per_client: int = 1
-    dirichlet_p: float = 0.1
-    dirichlet_alpha: float = 0.001
-    zipf_s: float = 2.0
-    label_noise: str = "none"
-    noise_rate: float = 0.0
-    num_server_rounds: int = 20  # 0: the start is the result (FedNCM, Fed3R)
-    local_epochs: int = 3
-    batch_size: int = 50
-    learning_rate: float = 0.05
-    weight_decay: float = 0.01  # the centralised ceiling's tuned L2 (the recipe: 1e-4)
-    # variants for quantity-skewed label partitions (README, "Quantity skew")
-    local_optimizer: str = "sgd"
-    local_steps: int = 0  # > 0: exactly this many local steps per round instead of epochs
-    # one local epoch: a pass over the client's own data (the paper: own-data); as many batches
-    # as an equal share of the federation's data holds, the same for every client and
-    # server-computed (equal-share); or both: a pass over the client's own data in an equal
-    # share's steps, in bigger batches on bigger clients (own-data-equal-steps)
-    epoch_size: str = "own-data-equal-steps"
-    aggregation_weights: str = "samples"
-    drift_correction: str = "scaffold"
-    server_optimizer: str = "fedavg"
-    server_learning_rate: float = 0.1  # FedAdam's eta (Flower's default)
-    # where the heads start: random (torch's init), zeros, or built by the server from the
-    # clients' summed statistics (class means: FedNCM; ridge: Fed3R), README "Closed-form starts"
-    head_init: str = "ridge"
-    ridge_lambda: float = 0.2  # per training sample; Fed3R's published 0.01 is 0.01 / n
-    # how the server sums the clients' statistics: as they come (plain), or under Flower's
-    # SecAgg+, which shows it only their sum
-    statistics_aggregation: str = "plain"
-    fraction_train: float = 1.0
-    fraction_evaluate: float = 0.0
-    # faults (README, "Reliability"): a round aggregates the replies it has after this many
-    # seconds; a node whose replies were refused this many times is no longer sampled (0: never)
-    round_timeout: float = 3600.0
-    exclude_after_rejections: int = 0
-    # a checkpoint in results/<run-name>/ after every this many rounds (0: none); resume: go on
-    # from it (ovalp_flwr.federation.checkpoint)
-    checkpoint_every: int = 1
-    resume: bool = False
-    seed: int = 0
-    feature_norm: str = "standardize"
-    device: str = "auto"
-    run_name: str = ""
-    results_dir: str = "results"
-    # the model on the cached features: the heads alone (0), or an adapter B (D -> adapter-dim,
-    # then adapter-activation) under the heads, trained federatedly with them (ovalp_flwr.core.model)
-    adapter_dim: int = 0
-    adapter_activation: str = "relu"
-    # what the data is: the first N samples of each class per split (0: all) and the image
-    # side in pixels (0: the encoder's default); both paths read the same (cache marks @limitN, @Npx)
-    limit_per_class: int = 0
-    image_size: int = 0
-    # train through the encoder on raw data instead of heads on cached features (README,
-    # "Fine-tuning the encoder", ovalp_flwr.finetune): none (the cache: OvA-LP), lp (heads
-    # only, through the frozen encoder), fedavg-lora, flora, full; LoRA's rank and alpha
-    finetune: str = "none"
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    # personalization after the last round (README, "Personalization"): the methods each
-    # client runs on the final global model (ovalp_flwr.personalize), space-separated; "" = none
-    personalize: str = ""
-    personalize_curve: str = ""  # PFT epochs at which Global is measured too (Local: every one)
-    pft_epochs: int = 15  # what every method shares (the study: 15 epochs of Adam at 1e-3)
-    pft_learning_rate: float = 1e-3
-    pft_batch_size: int = 32
-    pft_optimizer: str = "adamw"
-    pft_weight_decay: float = 0.0
-    # ("<method>.<hyperparameter>", value) pairs of `pft.*` keys: each method's own knobs
+    dataset: str = _key(
+        "digits", "data", "The dataset's registry name; checked, with the encoder's modality, "
+        "before anything loads. Local files are read from `data-dir`; `digits` is bundled.",
+        _dataset_choices)
+    encoder: str = _key(
+        "efficientnet-lite0", "data", "The frozen encoder's registry name (`pixels`: raw "
+        "pixels, no network); it must read what the dataset holds, image or text.",
+        _encoder_choices)
+    data_dir: str = _key(
+        "", "data", 'Where local dataset files live; `""`: `$OVALP_DATA_DIR`, else '
+        "`../shared/data`.")
+    feature_cache_dir: str = _key(
+        "feature_cache", "data", "Where feature caches live, relative to the directory the "
+        "run starts in.")
+    head: str = _key(
+        "ova", "training", "`ova`: K binary logistic heads (OvA-LP); `softmax`: one softmax "
+        "head (the LP-softmax baseline).", HEADS)
+    schedule: str = _key(
+        "two-stage", "rounds", "`two-stage`: OvA heads train on positives only for "
+        "`stage1-rounds`, then all heads with BCE; `single-stage`: all heads from round 1 "
+        '(the "OvA without two-stage" ablation).', SCHEDULES)
+    stage1_rounds: int = _key(
+        1, "rounds", "Rounds of stage 1 (positives only) under the two-stage schedule.")
+    partition: str = _key(
+        "shard", "partition", "`iid`: a seeded shuffle, equal split; `shard`: "
+        "`classes-per-client` classes per client; `bernoulli-dirichlet`: FedCorr's "
+        "construction; `zipf`: quantity skew, IID labels; `feature-skew`: k-means over the "
+        "features, one cluster per client; `domain`: one domain of a multi-domain dataset per "
+        "client, or a share of one ([Clients that differ in what they see](shift.md)).",
+        PARTITIONS)
+    within_domain: str = _key(
+        "iid", "partition", 'With `partition = "domain"`: how the clients of one domain split '
+        "its rows (any partition but `domain`, with that partition's own keys), e.g. `shard` "
+        "for label skew inside a domain.", WITHIN_DOMAIN_PARTITIONS)
+    classes_per_client: int = _key(
+        1, "partition", "k of shard-k: the distinct classes each client holds.")
+    dirichlet_p: float = _key(
+        0.1, "partition", "Bernoulli-Dirichlet: the p of the client-class Bernoulli(p) matrix "
+        "(which clients hold which classes), in (0, 1].")
+    dirichlet_alpha: float = _key(
+        0.001, "partition", "Bernoulli-Dirichlet: the alpha of the Dirichlet that spreads each "
+        "class over the clients holding it. Clients can end up empty: they skip training and "
+        "get no FedAvg weight.")
+    zipf_s: float = _key(
+        2.0, "partition", "The exponent of Zipf quantity skew: client sizes proportional to "
+        "rank^-s, at least one sample each.")
+    label_noise: str = _key(
+        "none", "data", "Noisy training labels (the FedLTF / FedCorr setting), seeded by "
+        "`seed`, before partitioning: `symmetric` (a uniformly drawn other class) or "
+        "`asymmetric` (class c → c+1 mod K). The test split is never touched.", NOISE_KINDS)
+    noise_rate: float = _key(
+        0.0, "data", "The fraction of training labels `label-noise` replaces, in [0, 1): "
+        "exactly round(noise-rate × n), per class for `asymmetric`.")
+    num_server_rounds: int = _key(
+        20, "rounds", "Federated rounds; `0`: the heads' start is the whole run (FedNCM, "
+        "Fed3R).")
+    local_epochs: int = _key(
+        3, "training", "Local epochs per round (what one is: `epoch-size`).")
+    batch_size: int = _key(
+        50, "training", "The local mini-batch size (bigger on bigger clients under "
+        '`epoch-size = "own-data-equal-steps"`).')
+    learning_rate: float = _key(
+        0.05, "training", "The local optimiser's learning rate (the recipe: 0.01 with AdamW).")
+    weight_decay: float = _key(
+        0.01, "training", "The local optimiser's weight decay: the centralised ceiling's tuned "
+        "L2 (the recipe: 0.0001).")
+    local_optimizer: str = _key(
+        "sgd", "training", "The local optimiser, with fresh state every round: `sgd`, or "
+        "`adamw` (the paper's recipe).", LOCAL_OPTIMIZERS)
+    local_steps: int = _key(
+        0, "training", "`> 0`: exactly this many local steps per round instead of "
+        "`local-epochs`, whatever the client's size.")
+    epoch_size: str = _key(
+        "own-data-equal-steps", "training", "What one local epoch is: "
+        "`own-data-equal-steps`, a pass over the client's own data in ⌈(samples / clients) / "
+        "batch-size⌉ steps, the same for every client (a client bigger than an equal share "
+        "takes bigger batches); `equal-share`, that many steps of `batch-size` for every "
+        "client; `own-data`, a pass in batches of `batch-size` (the recipe). The server "
+        "computes the steps from the sample counts.", EPOCH_SIZES)
+    aggregation_weights: str = _key(
+        "samples", "rounds", "`samples`: FedAvg's weights, by sample count; `uniform`: each "
+        "client with data counts once.", AGGREGATION_WEIGHTS)
+    drift_correction: str = _key(
+        "scaffold", "rounds", "`scaffold`: SCAFFOLD's control variates, kept on the server "
+        '(needs `local-optimizer = "sgd"`); `none`: the recipe.', DRIFT_CORRECTIONS)
+    server_optimizer: str = _key(
+        "fedavg", "rounds", "`fedavg`, or `fedadam`: Flower's FedAdam on the averaged update, "
+        "with `server-learning-rate`.", SERVER_OPTIMIZERS)
+    server_learning_rate: float = _key(
+        0.1, "rounds", "FedAdam's eta (Flower's default).")
+    head_init: str = _key(
+        "ridge", "start", "Where the heads start: `random` (torch's init: the recipe), "
+        "`zeros`, `class-means` (FedNCM) or `ridge` (Fed3R); the last two are built by the "
+        "server from the clients' summed statistics, and calibrated.", HEAD_INITS)
+    ridge_lambda: float = _key(
+        0.2, "start", "The ridge start's L2 penalty per training sample (the system is "
+        "X̃ᵀX̃ + nλI); Fed3R's published λ = 0.01 is 0.01 / n.")
+    statistics_aggregation: str = _key(
+        "plain", "start", "How the server sums the clients' statistics: `plain`, as they come, "
+        "or `secagg+`, under Flower's SecAgg+, which shows it only their sum.",
+        STATISTICS_AGGREGATIONS)
+    fraction_train: float = _key(
+        1.0, "rounds", "The share of clients sampled per round (seeded by `seed` and the "
+        "round), in (0, 1].")
+    fraction_evaluate: float = _key(
+        0.0, "rounds", "The share of clients that report local accuracy on their own data, in "
+        "[0, 1].")
+    round_timeout: float = _key(
+        3600.0, "reliability", "Seconds a round waits for replies before it aggregates those it "
+        "has and records the rest as timed out (Flower's default: 3600).")
+    exclude_after_rejections: int = _key(
+        0, "reliability", "A node whose train replies were rejected this many times is no "
+        "longer sampled (`0`: never).")
+    checkpoint_every: int = _key(
+        1, "reliability", "A checkpoint in `results/<run-name>/` after every this many rounds "
+        "(`0`: none).")
+    resume: bool = _key(
+        False, "reliability", "`true`: go on from the last checkpoint of the run named by "
+        "`run-name`.")
+    seed: int = _key(
+        0, "run", "Fixes the partition, the heads' initialisation, client sampling and batch "
+        "order.")
+    feature_norm: str = _key(
+        "standardize", "data", "How the cached features are normalised: `none`, `l2`, "
+        "`standardize` or `center-l2`. The last two subtract the federation's global mean, "
+        "merged from the clients' counts, sums and sums of squares.", FEATURE_NORMS)
+    device: str = _key(
+        "auto", "run", "`auto`: CUDA if present, else the CPU.", DEVICES)
+    run_name: str = _key(
+        "", "run", "The results folder's name: a plain name, without `/` or a leading `.` "
+        '(`""`: a timestamp and what ran).')
+    results_dir: str = _key(
+        "results", "run", "Where results folders go.")
+    adapter_dim: int = _key(
+        0, "training", "`0`: the heads alone on the cached features; `> 0`: an adapter B "
+        "(D → adapter-dim, then `adapter-activation`) under the heads, trained federatedly "
+        "with them; it needs `head-init` `random` or `zeros`.")
+    adapter_activation: str = _key(
+        "relu", "training", "The adapter's activation.", ADAPTER_ACTIVATIONS)
+    limit_per_class: int = _key(
+        0, "data", "The first N samples of each class per split (`0`: all), for the cache and "
+        "the encoder path alike; each value has its own cache (`@limitN`).")
+    image_size: int = _key(
+        0, "data", "The image side in pixels (`0`: the encoder's default, Lite0 128), for "
+        "both paths; each value has its own cache (`@Npx`). Image datasets only.")
+    finetune: str = _key(
+        "none", "finetune", "`none`: heads on the cache (OvA-LP); `lp`: heads through the "
+        "frozen encoder; `fedavg-lora`: LoRA's A and B averaged apart; `flora`: LoRA modules "
+        "stacked; `full`: the whole encoder.", FINETUNES)
+    lora_rank: int = _key(
+        8, "finetune", "LoRA's rank, for `fedavg-lora` and `flora`.")
+    lora_alpha: float = _key(
+        16.0, "finetune", "LoRA's alpha (the update is B A × alpha / rank), for `fedavg-lora` "
+        "and `flora`.")
+    personalize: str = _key(
+        "", "personalize", "The methods each client runs on the final global model, "
+        'space-separated, each once (`""`: none).', METHOD_NAMES)
+    personalize_curve: str = _key(
+        "", "personalize", "PFT epochs (space-separated, in 1..`pft-epochs`) at which Global "
+        "is also measured; Local is measured every epoch.")
+    pft_epochs: int = _key(
+        15, "personalize", "Fine-tuning epochs, shared by every method (the study: 15 epochs "
+        "of Adam at 1e-3).")
+    pft_learning_rate: float = _key(
+        1e-3, "personalize", "The methods' learning rate.")
+    pft_batch_size: int = _key(
+        32, "personalize", "The methods' mini-batch size.")
+    pft_optimizer: str = _key(
+        "adamw", "personalize", "The methods' optimiser.", PFT_OPTIMIZERS)
+    pft_weight_decay: float = _key(
+        0.0, "personalize", "The methods' weight decay; `sparse` and `own-heads` need 0 (decay "
+        "would move the entries they keep fixed).")
+    # ("<method>.<hyperparameter>", value) pairs of `pft.*` keys: each method's own knobs,
+    # described by their Hyperparameters (ovalp_flwr.personalize.hyperparameters)
     pft: tuple[tuple[str, Any], ...] = dataclasses.field(default_factory=lambda: default_pft())
 
     @classmethod
@@ -202,7 +364,7 @@ class RunConfig:
         _one_of("head", self.head, HEADS)
         _one_of("schedule", self.schedule, SCHEDULES)
         _one_of("partition", self.partition, PARTITIONS)
-        _one_of("within-domain", self.within_domain, PARTITIONS[:-1])
+        _one_of("within-domain", self.within_domain, WITHIN_DOMAIN_PARTITIONS)
         _one_of("feature-norm", self.feature_norm, FEATURE_NORMS)
         _one_of("device", self.device, DEVICES)
         _one_of("label-noise", self.label_noise, NOISE_KINDS)
@@ -296,8 +458,6 @@ class RunConfig:
 
     def _check_model_and_personalization(self) -> None:
         """The adapter's shape and start, the methods' names and every method's knobs."""
-        from ovalp_flwr.personalize import METHODS, HyperparameterError, make_personalizer
-
         _at_least("adapter-dim", self.adapter_dim, 0)
         _one_of("adapter-activation", self.adapter_activation, ADAPTER_ACTIVATIONS)
         if self.adapter_dim and self.head_init not in ("random", "zeros"):
@@ -307,23 +467,23 @@ class RunConfig:
                               "or zeros")
         for key, _ in self.pft:
             method = key.split(".", 1)[0]
-            if "." not in key or method not in METHODS:
+            if "." not in key or method not in METHOD_NAMES:
                 raise ConfigError(PFT_PREFIX + key, dict(self.pft)[key],
                                   f"use pft.<method>.<hyperparameter> with a method from: "
-                                  f"{', '.join(METHODS)}")
+                                  f"{', '.join(METHOD_NAMES)}")
         for method in self.personalization_methods:
-            if method not in METHODS:
+            if method not in METHOD_NAMES:
                 raise ConfigError("personalize", method,
-                                  f"choose methods from: {', '.join(METHODS)}")
+                                  f"choose methods from: {', '.join(METHOD_NAMES)}")
         if len(set(self.personalization_methods)) != len(self.personalization_methods):
             raise ConfigError("personalize", self.personalize, "name each method once")
         try:  # the shared knobs; a method this run uses with all it gets; the others' own knobs
-            make_personalizer("ft", self.personalizer_options("ft"))
-            for method in METHODS:
+            parse_hyperparameters("ft", self.personalizer_options("ft"))
+            for method in METHOD_NAMES:
                 options = self.personalizer_options(method)
                 if method not in self.personalization_methods:
                     options = {k: v for k, v in options.items() if k not in SHARED_PFT}
-                make_personalizer(method, options)
+                parse_hyperparameters(method, options)
         except HyperparameterError as err:
             raise ConfigError(self._written_key(err.key), err.value, err.allowed) from None
         for epoch in self.personalize_curve.split():
@@ -333,32 +493,28 @@ class RunConfig:
 
     def _check_dataset_and_encoder(self) -> None:
         """Known names whose modalities match, checked before any data or network is read."""
-        from ovalp_flwr.data.registry import dataset_modality
-        from ovalp_flwr.features.encoders import ENCODERS, encoder_modality
-
         try:
             reads = dataset_modality(self.dataset)
         except ValueError as err:
             raise ConfigError("dataset", self.dataset, str(err).split("; ", 1)[-1]) from None
-        if self.encoder not in ENCODERS:
-            raise ConfigError("encoder", self.encoder, f"choose one of: {', '.join(ENCODERS)}")
+        if self.encoder not in ENCODER_MODALITY:
+            raise ConfigError("encoder", self.encoder,
+                              f"choose one of: {', '.join(ENCODER_MODALITY)}")
         if self.image_size and reads != "image":
             raise ConfigError("image-size", self.image_size,
                               f"dataset {self.dataset!r} is {reads}; use 0")
-        if encoder_modality(self.encoder) != reads:
-            fitting = [name for name in ENCODERS if encoder_modality(name) == reads]
+        if ENCODER_MODALITY[self.encoder] != reads:
+            fitting = [name for name, modality in ENCODER_MODALITY.items() if modality == reads]
             raise ConfigError("encoder", self.encoder,
                               f"dataset {self.dataset!r} is {reads}; choose one of: {', '.join(fitting)}")
 
 
 def default_pft() -> tuple[tuple[str, Any], ...]:
     """Every method's own knobs at the defaults its class declares, as `pft` holds them."""
-    from ovalp_flwr.personalize import METHODS, FineTuning  # late: torch
-
     shared = {f.name for f in fields(FineTuning)}
     return tuple(sorted((f"{name}.{f.name.replace('_', '-')}", f.default)
-                        for name, cls in METHODS.items()
-                        for f in fields(cls.Hyperparameters) if f.name not in shared))
+                        for name, hyperparameters in HYPERPARAMETERS.items()
+                        for f in fields(hyperparameters) if f.name not in shared))
 
 
 def check_num_clients(num_clients: int, num_samples: int) -> None:
@@ -400,3 +556,153 @@ def _at_least(key: str, value: int, minimum: int) -> None:
 def _positive(key: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(key, value, "use a value > 0")
+
+
+# --- docs/config.md: every key, generated from the fields' descriptions ----------------------
+
+DOCS_COMMAND = "python -m ovalp_flwr.config --markdown > docs/config.md"
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+@dataclass(frozen=True)
+class KeyDoc:
+    """One run-config key as docs/config.md lists it."""
+
+    key: str
+    type: str
+    default: Any  # the code's; the page shows pyproject's, which a run gets
+    doc: str
+    allowed: Choices | None = None
+    section: str = "personalize"
+    method: str = ""  # a `pft.<method>.<knob>`'s method
+
+
+def key_docs() -> list[KeyDoc]:
+    """Every run-config key: RunConfig's fields, then each method's own `pft.<method>.<knob>`
+    (described by its Hyperparameters' fields)."""
+    keys = [KeyDoc(f.name.replace("_", "-"), str(f.type), f.default, f.metadata.get("doc", ""),
+                   f.metadata.get("allowed"), f.metadata.get("section", ""))
+            for f in fields(RunConfig) if f.name != "pft"]
+    shared = {f.name for f in fields(FineTuning)}
+    keys += [KeyDoc(f"{PFT_PREFIX}{method}.{f.name.replace('_', '-')}", str(f.type), f.default,
+                    f.metadata.get("doc", ""), method=method)
+             for method, hyperparameters in HYPERPARAMETERS.items()
+             for f in fields(hyperparameters) if f.name not in shared]
+    return keys
+
+
+def pyproject_defaults(pyproject: Path = PYPROJECT) -> dict[str, Any]:
+    """`[tool.flwr.app.config]`, nested tables flattened to dotted keys as Flower does."""
+    import tomllib
+
+    def flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in table.items():
+            if isinstance(value, Mapping):
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[prefix + key] = value
+        return out
+
+    return flat(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
+
+
+def markdown(defaults: Mapping[str, Any] | None = None) -> str:
+    """docs/config.md: every key by section, with its type, its default (pyproject's), the
+    values validation allows where it lists them, and its description."""
+    from ovalp_flwr.personalize.hyperparameters import METHOD_DOCS, own_knobs
+
+    defaults = pyproject_defaults() if defaults is None else defaults
+    keys = key_docs()
+    try:
+        _one_of("head", "mlp", HEADS)
+    except ConfigError as err:
+        example = str(err)
+    recipe = ", ".join(f"`{key} = {_toml(value)}`" for key, value in RECIPE.items())
+    lines = [
+        f"<!-- Generated by `{DOCS_COMMAND}` from the descriptions in ovalp_flwr/config.py and "
+        "ovalp_flwr/personalize/hyperparameters.py: edit those and rerun it, not this file. -->",
+        "# Run config",
+        "",
+        "Every key of `[tool.flwr.app.config]` in pyproject.toml, whose values are the defaults "
+        "below. Override any with `--run-config \"key=value ...\"` (strings in single quotes). "
+        "One typed object, `ovalp_flwr.config.RunConfig`, validates them before anything runs: "
+        "a bad value stops the run with one line naming the key, the value and what is "
+        f"allowed, e.g. `{example}`.",
+        "",
+        "The defaults are the paper's main setting, except where the heads start and the local "
+        f"step. The paper's recipe (`ovalp_flwr.config.RECIPE`) is {recipe}.",
+        "",
+        f"This page is generated from the code: `{DOCS_COMMAND}`.",
+        "",
+        " · ".join(f"[{title}](#{_slug(title)})" for title, _ in SECTIONS.values()),
+    ]
+    for section, (title, intro) in SECTIONS.items():
+        lines += ["", f"## {title}", "", intro, "",
+                  "| key | type | default | allowed | description |", "|---|---|---|---|---|"]
+        lines += [_row(f"`{k.key}`", k.type, _default(k, defaults), _allowed(k.allowed), k.doc)
+                  for k in keys if k.section == section and not k.method]
+        if section != "personalize":
+            continue
+        lines += ["", "### The methods", "",
+                  "`personalize` names them; each one's own knobs are its `pft.<method>.<knob>` "
+                  "keys, listed in pyproject.toml at their defaults, and every method shares the "
+                  "`pft-*` keys above."]
+        for method in METHOD_NAMES:
+            lines += ["", f"#### `{method}`", "", METHOD_DOCS[method], ""]
+            if not own_knobs(method):
+                lines.append("No knobs of its own: the shared `pft-*` keys only.")
+                continue
+            lines += ["| key | type | default | description |", "|---|---|---|---|"]
+            lines += [_row(f"`{k.key}`", k.type, _default(k, defaults), k.doc)
+                      for k in keys if k.method == method]
+    return "\n".join(lines) + "\n"
+
+
+def _row(*cells: str) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
+def _default(key: KeyDoc, defaults: Mapping[str, Any]) -> str:
+    return f"`{_toml(defaults.get(key.key, key.default))}`"
+
+
+def _allowed(allowed: Choices | None) -> str:
+    if allowed is None:
+        return ""
+    return allowed() if callable(allowed) else _code(allowed)
+
+
+def _code(values: Iterable[str]) -> str:
+    return ", ".join(f"`{value}`" for value in values)
+
+
+def _toml(value: Any) -> str:
+    """A value as pyproject.toml spells it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def _slug(title: str) -> str:
+    """GitHub's anchor for a heading."""
+    kept = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.config",
+                                     description="The run-config reference (docs/config.md).")
+    parser.add_argument("--markdown", action="store_true", required=True,
+                        help="print docs/config.md: every key, its default and its meaning")
+    parser.parse_args(argv)
+    sys.stdout.buffer.write(markdown().encode("utf-8"))
+
+
+if __name__ == "__main__":
+    main()

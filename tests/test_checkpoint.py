@@ -9,7 +9,7 @@ from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.federation.local_grid import app_config
 from ovalp_flwr.federation.results import read_summary
-from ovalp_flwr.ova.server import run_server
+from server_app import run_server
 from test_validation import FaultyGrid  # tests/ is on sys.path under pytest
 
 

@@ -12,7 +12,7 @@ from ovalp_flwr.federation.node import feature_source
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.federation.local_grid import run_local
 from ovalp_flwr.federation.results import read_summary
-from ovalp_flwr.ova.server import FederationError
+from ovalp_flwr.federation.exchange import FederationError
 
 
 DATASET = "folder:digits"

@@ -15,7 +15,7 @@ from ovalp_flwr.finetune import make_method
 from ovalp_flwr.finetune.flora import FLoRA, STATE_DELTA, STATE_ROUND
 from ovalp_flwr.finetune.lora import LoRAOptions, delta_weight
 from ovalp_flwr.federation.local_grid import InProcessGrid, app_config
-from ovalp_flwr.ova.server import run_server
+from server_app import run_server
 from ovalp_flwr.federation.strategy import StagedFedAvg
 
 BASE = {"encoder": "tiny-cnn", "dataset": "digits", "head-init": "random",

@@ -200,7 +200,9 @@ def test_zero_heads_start_at_chance_and_random_heads_are_the_seeded_torch_init(c
 
 def test_a_start_from_statistics_that_no_client_sent_is_refused(cache_dir):
     """Every sample lands on some client, so a partition cannot get here; the server checks."""
-    from ovalp_flwr.ova.server import FederationError, StatisticsSum, initial_head
+    from ovalp_flwr.federation.exchange import FederationError
+    from ovalp_flwr.federation.setup import StatisticsSum
+    from ovalp_flwr.ova.server import initial_head
 
     cache = load_or_build("digits", "pixels", cache_dir)
     config = RunConfig(encoder="pixels", head_init="ridge")

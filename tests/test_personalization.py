@@ -126,7 +126,7 @@ def test_a_node_with_a_model_dir_keeps_its_personalized_models(cache_dir, tmp_pa
 
 def test_a_client_failing_the_phase_leaves_the_federated_results_and_says_why(cache_dir, tmp_path,
                                                                               monkeypatch):
-    from ovalp_flwr.ova import client
+    from ovalp_flwr.personalize import client
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("disk full")

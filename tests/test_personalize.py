@@ -11,6 +11,8 @@ from ovalp_flwr.core.model import AdapterHead, LinearProbe
 from ovalp_flwr.personalize import (METHODS, HyperparameterError, LocalData, Task,
                                     make_personalizer)
 from ovalp_flwr.personalize.base import average
+from ovalp_flwr.personalize.hyperparameters import (HYPERPARAMETERS, METHOD_DOCS, METHOD_NAMES,
+                                                    own_knobs, parse_hyperparameters)
 
 D, ADAPTER, K, N = 8, 4, 3, 60
 
@@ -83,6 +85,32 @@ def test_every_method_returns_a_new_model_and_keeps_the_global_one(name, build):
 def test_registry_order():
     assert list(METHODS) == ["ft", "lp", "lp-ft", "proximal", "soup", "sparse", "lss",
                              "own-heads"]
+
+
+def test_the_torch_free_registry_is_the_methods_own():
+    """The run config checks names and knobs against personalize.hyperparameters (no torch):
+    the same names, in the same order, with each method's own Hyperparameters, and a
+    description of what each does."""
+    assert METHOD_NAMES == tuple(METHODS) == tuple(METHOD_DOCS)
+    for name, cls in METHODS.items():
+        assert cls.name == name and cls.Hyperparameters is HYPERPARAMETERS[name]
+        assert make_personalizer(name).hp == parse_hyperparameters(name, {})
+        for knob in own_knobs(name):
+            assert knob.metadata.get("doc"), f"pft.{name}.{knob.name}: no description"
+
+
+def test_the_package_names_resolve_on_first_use():
+    import ovalp_flwr.personalize as package
+    from ovalp_flwr.personalize import base, hyperparameters, methods
+
+    home = {"METHODS": methods, "make_personalizer": methods, "LocalData": base,
+            "Personalizer": base, "Task": base, "FineTuning": hyperparameters,
+            "HyperparameterError": hyperparameters}
+    assert sorted(package.__all__) == sorted(home)
+    for name, module in home.items():
+        assert getattr(package, name) is getattr(module, name)
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        package.nope  # noqa: B018
 
 
 def test_ft_moves_adapter_and_head_lp_only_the_head():

@@ -11,7 +11,9 @@ from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.head_init import ClassStatistics
 from ovalp_flwr.federation.local_grid import InProcessGrid, app_config, run_local
 from ovalp_flwr.federation.results import read_summary
-from ovalp_flwr.ova.server import FederationError, StatisticsSum, run_server
+from ovalp_flwr.federation.exchange import FederationError
+from ovalp_flwr.federation.setup import StatisticsSum
+from server_app import run_server
 
 CLIENTS = 12
 

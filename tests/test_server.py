@@ -118,7 +118,7 @@ class ArrivingNodes:
 
 
 def test_the_server_waits_for_nodes_to_settle_but_not_on_the_in_process_grid(cache_dir):
-    from ovalp_flwr.ova.server import wait_for_nodes
+    from ovalp_flwr.federation.exchange import wait_for_nodes
 
     arriving = ArrivingNodes([], [7], [7, 3], [7, 3, 5])
     assert wait_for_nodes(arriving, settle=0.01) == [3, 5, 7]  # not [7] nor [3, 7]
@@ -194,7 +194,7 @@ class LateJoinGrid(InProcessGrid):
 def late_run(cache_dir, tmp_path, late_partition: int, duplicate: bool = False,
              refuse_norm: bool = False, **overrides):
     from ovalp_flwr.config import RunConfig
-    from ovalp_flwr.ova.server import run_server
+    from server_app import run_server
 
     run_config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
                   "results-dir": str(tmp_path / "results"), "num-server-rounds": 3,

@@ -8,7 +8,7 @@ from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.ops.console import MARK
 from ovalp_flwr.federation.local_grid import InProcessGrid
-from ovalp_flwr.ova.server import make_strategy
+from ovalp_flwr.federation.rounds import make_strategy
 from ovalp_flwr.federation.strategy import ControlVariates, StagedFedAdam, StagedFedAvg
 
 

@@ -13,7 +13,7 @@ from ovalp_flwr.federation.chaos import KINDS as CHAOS_KINDS, corrupt
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.federation.local_grid import InProcessGrid, app_config
 from ovalp_flwr.federation.results import read_summary
-from ovalp_flwr.ova.server import run_server
+from server_app import run_server
 
 
 BAD_PARTITION = 1

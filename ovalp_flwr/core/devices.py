@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 
@@ -12,3 +15,15 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' is not allowed here: no CUDA device; use 'auto' or 'cpu'")
     return torch.device(name)
+
+
+@contextmanager
+def one_cpu_thread() -> Iterator[None]:
+    """torch's CPU ops on one intra-op thread for the time of the block, then the process's own
+    setting back (a server in the same process keeps its threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

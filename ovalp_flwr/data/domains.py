@@ -43,23 +43,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ovalp_flwr.data.registry import (
-    DATA_FILES,
-    SPLIT_SEED,
-    TEST_FRACTION,
-    Dataset,
-    ImageDataset,
-    ImageSplit,
-    Loader,
-    TextDataset,
-    TextSplit,
-    _first_per_class,
-    _open_tree,
-    _require,
-    load_dataset,
-)
+from ovalp_flwr.data import files
+from ovalp_flwr.data.base import (DATA_FILES, SPLIT_SEED, TEST_FRACTION, Dataset, ImageDataset,
+                                  ImageSplit, Loader, TextDataset, _first_per_class, _open_tree,
+                                  _require)
 
 logger = logging.getLogger(__name__)
+
+BaseLoader = Callable[..., Dataset]  # (name, data_dir, *, limit_per_class) -> Dataset
 
 DIGIT_CLASSES = tuple("0123456789")
 DIGIT_SIZE = 32  # digit-domains' common resolution (MNIST-M's and the synthetic digits')
@@ -279,7 +270,7 @@ def _cifar10_c(name: str, data_dir: Path, limit_per_class: int | None) -> ImageD
     from ovalp_flwr.data.corruptions import corrupt
 
     spec = CorruptedName.parse(name)
-    clean = load_dataset("cifar10", data_dir, limit_per_class=limit_per_class)
+    clean = files.cifar10(data_dir, limit_per_class=limit_per_class)
     started = time.perf_counter()
     splits = {}
     bar = tqdm(total=len(clean.train.labels) + len(clean.test.labels), unit="img",
@@ -352,10 +343,10 @@ def relabelling(name: str) -> Relabelling | None:
     return Relabelling(base)
 
 
-def _concept(name: str, data_dir: Path, limit_per_class: int | None) -> Dataset:
+def _concept(name: str, data_dir: Path, limit_per_class: int | None, load: BaseLoader) -> Dataset:
     """The base dataset with each concept's labels (its inputs unchanged)."""
     spec = relabelling(name)
-    base = load_dataset(spec.base, data_dir, limit_per_class=limit_per_class)
+    base = load(spec.base, data_dir, limit_per_class=limit_per_class)
     splits = {}
     for split in ("train", "test"):
         part = getattr(base, split)
@@ -389,11 +380,13 @@ def num_domains(name: str) -> int:
     return {"digit-domains": 4, "office-caltech10": len(OFFICE_DOMAINS)}.get(name, 1)
 
 
-def load_derived(name: str, data_dir: Path, *, limit_per_class: int | None = None) -> Dataset:
-    """`cifar10-c:...` or `concept:...` from the data dir."""
+def load_derived(name: str, data_dir: Path, *, limit_per_class: int | None = None,
+                 load: BaseLoader) -> Dataset:
+    """`cifar10-c:...` or `concept:...` from the data dir; `load` builds a concept's base dataset
+    by name (the registry's `load_dataset`: any registered dataset can carry concepts)."""
     if name.startswith(CORRUPTED_PREFIX):
         return _cifar10_c(name, data_dir, limit_per_class)
-    return _concept(name, data_dir, limit_per_class)
+    return _concept(name, data_dir, limit_per_class, load)
 
 
 LOADERS: dict[str, Callable[..., Dataset]] = {

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from ovalp_flwr.data.registry import (
-    DATASETS,
+from ovalp_flwr.data.base import (
+    BUNDLED,
+    DATA_FILES,
     ImageDataset,
     ImageSplit,
     Modality,
@@ -162,7 +163,7 @@ def _fetch(name: str, spec: HubSpec, split: str, fetch: Fetch) -> hf.Dataset:
     except Exception as err:  # HF raises many types; all mean "not fetched"
         lines = str(err).strip().splitlines()
         detail = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-        local = ", ".join([*DATASETS, "folder:<name>", "csv:<name>"])
+        local = ", ".join([*BUNDLED, *DATA_FILES, "folder:<name>", "csv:<name>"])
         raise ValueError(
             f"dataset {name!r}: cannot fetch {_where(spec, split)} from the Hugging Face hub "
             f"({detail}); on a machine without internet use a local dataset ({local})"

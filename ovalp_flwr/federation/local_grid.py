@@ -111,7 +111,7 @@ def run_local(overrides: dict[str, Any], num_clients: int,
     """A whole run (ServerApp logic + the real ClientApp) in this process; returns results dir."""
     from client_app import app as client_app  # the same ClientApp `flwr run` loads
     from ovalp_flwr.config import RunConfig
-    from ovalp_flwr.ova.server import run_server
+    from server_app import run_server
 
     run_config = {**app_config(), **overrides}
     config = RunConfig.from_mapping(run_config)

@@ -16,31 +16,30 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from ovalp_flwr.features.cache import (
-    CachedFeatures,
-    CacheError,
-    cache_path,
-    feature_space,
-    load_or_build,
-    read_manifest,
-)
-from ovalp_flwr.core.durable import write_durably
 from ovalp_flwr.config import RunConfig
+from ovalp_flwr.core.durable import write_durably
+from ovalp_flwr.core.training import LocalSchedule
 from ovalp_flwr.data.noise import NoiseSpec, noisy_labels
 from ovalp_flwr.data.partition import PartitionSpec, partition_indices
+from ovalp_flwr.features.cache import (CachedFeatures, CacheError, cache_path, feature_space,
+                                       load_or_build, read_manifest)
+from ovalp_flwr.federation import protocol as p
+
+if TYPE_CHECKING:  # a handler's argument; this module itself needs no Flower
+    from flwr.app import Context
 
 NODE_PATH_KEYS = ("data-dir", "feature-cache-dir")
 ROWS_DIR = ".rows"
@@ -265,3 +264,39 @@ def local_test_split(train_labels: np.ndarray, test_labels: np.ndarray,
             picks.append(rng.choice(pool, take, replace=False))
     rows = np.sort(np.concatenate(picks)) if picks else np.empty(0, np.int64)
     return np.ascontiguousarray(test_features[rows]), test_labels[rows].astype(np.int64)
+
+
+def run_config(context: Context) -> RunConfig:
+    """The run's config, parsed and validated once per process and run (every handler of every
+    message asks for it)."""
+    return _parsed(tuple(sorted(context.run_config.items())))
+
+
+@lru_cache(maxsize=4)
+def _parsed(items: tuple[tuple[str, Any], ...]) -> RunConfig:
+    return RunConfig.from_mapping(dict(items))
+
+
+def node_partition(context: Context) -> tuple[int, int]:
+    """(partition-id, num-partitions): set by simulation, or by `--node-config` in deployment."""
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as missing:
+        raise ValueError(
+            f"node config lacks {missing}; start the SuperNode with "
+            '--node-config "partition-id=<i> num-partitions=<n>"'
+        ) from None
+
+
+def local_schedule(config: RunConfig, round_config: Mapping | None = None,
+                   num_examples: int = 0) -> LocalSchedule:
+    """The run's local optimiser; the steps come from `local-steps`, else from the server
+    (epoch-size "equal-share" or "own-data-equal-steps": the same for every client), else from
+    the client's epochs. Under "own-data-equal-steps" a client bigger than an equal share takes
+    bigger batches, so that its epochs still pass over all of its data."""
+    steps = config.local_steps or int((round_config or {}).get(p.LOCAL_STEPS, 0))
+    batch = config.batch_size
+    if config.epoch_size == "own-data-equal-steps" and steps and not config.local_steps:
+        batch = max(batch, math.ceil(num_examples * config.local_epochs / steps))
+    return LocalSchedule(config.local_epochs, batch, config.learning_rate,
+                         config.weight_decay, config.local_optimizer, steps)

@@ -1,28 +1,33 @@
 """The encoder path's client side: what a node does with each message when `finetune` is set
-(`ovalp_flwr.ova.client` hands these messages over). The model, the method and the raw data are
+(`client_app.py` chooses these handlers). The model, the method and the raw data are
 built once per process; a node's rows go to its device once."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.devices import resolve_device
+from ovalp_flwr.core.heads import loss_for
+from ovalp_flwr.core.training import fit, gradient_offsets, shuffle_generator
 from ovalp_flwr.features.encoders import load_encoder
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.node import (local_schedule, local_test_split, node_partition,
+                                        partition_spec, run_config)
 from ovalp_flwr.finetune import make_method
 from ovalp_flwr.finetune.base import FinetuneMethod
 from ovalp_flwr.finetune.data import RawData, partitions, run_data
 from ovalp_flwr.finetune.flora import FLoRA
 from ovalp_flwr.finetune.model import EncoderClassifier, build_classifier
-from ovalp_flwr.core.heads import loss_for
-from ovalp_flwr.core.training import fit, gradient_offsets, shuffle_generator
+from ovalp_flwr.personalize.client import personalization_reply, score_reply
 
 
 @dataclass
@@ -33,6 +38,15 @@ class Setup:
     method: FinetuneMethod
     data: RawData
     rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    parts: dict[tuple, list[np.ndarray]] = field(default_factory=dict)
+
+    def partitions(self, config: RunConfig, num_partitions: int) -> list[np.ndarray]:
+        """Every client's training rows (`finetune.data.partitions`), drawn once per partition
+        scheme and client count: describe, the rows and the test split all need them."""
+        key = (partition_spec(config), num_partitions)
+        if key not in self.parts:
+            self.parts[key] = partitions(config, self.data, num_partitions)
+        return self.parts[key]
 
 
 _SETUP: dict[tuple, Setup] = {}
@@ -70,12 +84,6 @@ def node_setup(config: RunConfig, context: Context) -> Setup:
     return setup(config, None if own is None else str(own))
 
 
-def node_partition(context: Context) -> tuple[int, int]:
-    from ovalp_flwr.ova.client import node_partition as of_node
-
-    return of_node(context)
-
-
 def node_rows(config: RunConfig, context: Context) -> tuple[torch.Tensor, torch.Tensor]:
     """This node's raw training rows on the model's device (the cached path's partition)."""
     built = node_setup(config, context)
@@ -84,7 +92,7 @@ def node_rows(config: RunConfig, context: Context) -> tuple[torch.Tensor, torch.
         if not 0 <= partition_id < num_partitions:
             raise ValueError(f"partition-id={partition_id} is not allowed; use "
                              f"0..{num_partitions - 1}")
-        rows = partitions(config, built.data, num_partitions)[partition_id]
+        rows = built.partitions(config, num_partitions)[partition_id]
         device = built.model.weight.device
         built.rows[partition_id, num_partitions] = (
             built.data.train.inputs[torch.from_numpy(rows)].to(device),
@@ -99,11 +107,11 @@ def feature_space(config: RunConfig) -> str:
 
 
 def describe(msg: Message, context: Context) -> Message:
-    config = RunConfig.from_mapping(context.run_config)
+    config = run_config(context)
     partition_id, num_partitions = node_partition(context)
     _, labels = node_rows(config, context)
     built = node_setup(config, context)
-    rows = partitions(config, built.data, num_partitions)[partition_id]
+    rows = built.partitions(config, num_partitions)[partition_id]
     noisy = int(np.sum(built.data.train.labels[rows] != built.data.clean_train_labels[rows]))
     content = RecordDict({
         p.METRICS: MetricRecord({p.PARTITION_ID: partition_id, p.NUM_PARTITIONS: num_partitions,
@@ -118,9 +126,7 @@ def train(msg: Message, context: Context) -> Message:
     """One local round through the encoder: the method's trainable tensors from the message
     (FLoRA: the stacks this node has not merged yet first), the run's local schedule, and only
     those tensors back."""
-    from ovalp_flwr.ova.client import local_schedule
-
-    config = RunConfig.from_mapping(context.run_config)
+    config = run_config(context)
     built = node_setup(config, context)
     model, method = built.model, built.method
     round_config = msg.content[p.CONFIG]
@@ -157,14 +163,12 @@ def train(msg: Message, context: Context) -> Message:
 
 def node_test_rows(config: RunConfig, context: Context) -> tuple[torch.Tensor, torch.Tensor]:
     """This client's own test split, drawn as on the cached path (`client_data.local_test_split`)."""
-    from ovalp_flwr.federation.node import local_test_split
-
     built = node_setup(config, context)
     partition_id, num_partitions = node_partition(context)
     key = (-1 - partition_id, num_partitions)  # beside the training rows in `rows`
     if key not in built.rows:
         data = built.data
-        rows = partitions(config, data, num_partitions)[partition_id]
+        rows = built.partitions(config, num_partitions)[partition_id]
         order = np.arange(len(data.test.labels))
         picked, labels = local_test_split(
             data.train.labels[rows], data.test.labels, np.bincount(data.train.domains),
@@ -197,9 +201,7 @@ def load_parameters(model: EncoderClassifier, arrays: dict[str, np.ndarray]) -> 
 def personalize(msg: Message, context: Context) -> Message:
     """The cached path's `personalize`, through the encoder: what travels of a personalized
     model is `moved_arrays`."""
-    from ovalp_flwr.ova.client import personalization_reply
-
-    config = RunConfig.from_mapping(context.run_config)
+    config = run_config(context)
     built = node_setup(config, context)
     built.method.load_trainable(built.model, p.from_record(msg.content[p.ARRAYS]))
     reference = {n: q.detach().clone() for n, q in built.model.named_parameters()}
@@ -210,26 +212,21 @@ def personalize(msg: Message, context: Context) -> Message:
 
 
 def score_personalized(msg: Message, context: Context) -> Message:
-    """The cached path's `score_personalized`: each model is the global one with its own
-    tensors loaded over it, scored on this client's test split."""
-    config = RunConfig.from_mapping(context.run_config)
+    """Score every model the server sent on this client's test split
+    (`personalize.client.score_reply`): each is the global model with its own tensors loaded
+    over it, and back after its scoring."""
+    config = run_config(context)
     built = node_setup(config, context)
     model = built.model
-    test_x, test_y = node_test_rows(config, context)
     built.method.load_trainable(model, p.from_record(msg.content[p.ARRAYS]))
     reference = {n: q.detach().clone() for n, q in model.named_parameters()}
-    metrics: dict[str, int | float] = {p.NUM_TEST: len(test_y)}
-    with torch.inference_mode():
-        global_features = model.features(test_x) if len(test_y) else None
-        for key, record in msg.content.array_records.items():
-            if not key.startswith(p.MODEL_PREFIX) or not len(test_y):
-                continue
-            name, arrays = key[len(p.MODEL_PREFIX):], p.from_record(record)
-            load_parameters(model, arrays)
-            features = model.features(test_x)
-            logits = torch.nn.functional.linear(features, model.weight, model.bias)
-            metrics[p.CORRECT_PREFIX + name] = int((logits.argmax(1) == test_y).sum())
-            metrics[p.DISTANCE_PREFIX + name] = float(
-                torch.linalg.vector_norm(features - global_features, dim=1).sum())
+
+    @contextmanager
+    def model_of(arrays: dict[str, np.ndarray]) -> Iterator[EncoderClassifier]:
+        load_parameters(model, arrays)
+        try:
+            yield model
+        finally:
             load_parameters(model, {n: reference[n] for n in arrays})
-    return Message(content=RecordDict({p.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+    return score_reply(msg, node_test_rows(config, context), model, model_of)

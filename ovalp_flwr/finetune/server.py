@@ -1,6 +1,7 @@
 """The encoder path's ServerApp run (`finetune` set): describe, seeded start, the staged
 FedAvg (or FLoRA) rounds over the method's trainable tensors, the server's evaluation on the
-raw test split, and the same results files as the cached path (`ovalp_flwr.ova.server`)."""
+raw test split, and the same results files as the cached path (`ovalp_flwr.ova.server`).
+`server_app.py` chooses this path when `finetune` is set."""
 
 from __future__ import annotations
 
@@ -15,19 +16,19 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
-from ovalp_flwr.federation import protocol as p
-from ovalp_flwr.federation.node import resolve_path
 from ovalp_flwr.config import RunConfig, check_num_clients
-from ovalp_flwr.ops.console import say
-from ovalp_flwr.finetune.client import Setup, feature_space, setup
-from ovalp_flwr.finetune.data import partitions
-from ovalp_flwr.finetune.flora import FLoRA, StagedFLoRA
-from ovalp_flwr.data.partition import summarize_partition, summarize_sizes
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.evaluation import CentralEvaluator
+from ovalp_flwr.federation.exchange import SetupCosts, wait_for_nodes
+from ovalp_flwr.federation.node import resolve_path
 from ovalp_flwr.federation.results import default_run_name, write_run
-from ovalp_flwr.ova.server import (CentralEvaluator, FederationError, SetupCosts, _summary,
-                               by_partition, describe_clients, equal_share_steps,
-                               label_noise_summary, make_strategy, num_partitions, personalize_after,
-                               train_reply_check, wait_for_nodes)
+from ovalp_flwr.federation.rounds import equal_share_steps, make_strategy, train_reply_check
+from ovalp_flwr.federation.setup import by_partition, check_feature_space, describe_clients
+from ovalp_flwr.federation.summary import finish_run, partition_summary, run_summary
+from ovalp_flwr.finetune.client import Setup, feature_space, setup
+from ovalp_flwr.finetune.flora import FLoRA, StagedFLoRA
+from ovalp_flwr.ops.console import say
+from ovalp_flwr.personalize.phase import personalize_after
 
 EVAL_BATCH = 256
 
@@ -42,13 +43,11 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
     check_num_clients(len(nodes), len(built.data.train.labels))
     costs = SetupCosts()
     clients = describe_clients(grid, nodes, costs=costs)
-    wrong = {n: c[p.FEATURE_SPACE] for n, c in clients.items()
-             if c[p.FEATURE_SPACE] != feature_space(config)}
-    if wrong:
-        node, found = next(iter(sorted(wrong.items())))
-        raise FederationError(f"{len(wrong)} node(s) train another model or data than the "
-                              f"server's ({feature_space(config)}); node {node} has {found}")
-    partition = _partition_summary(config, built, clients)
+    check_feature_space(clients, feature_space(config),
+                        differs="train another model or data than the server's", hint="")
+    data = built.data
+    partition = partition_summary(config, clients, lambda n: built.partitions(config, n),
+                                  data.train.labels, data.train.domains, data.domain_names)
     say(INFO, "finetune %s: %d trainable tensors, %.2f M of %.2f M parameters travel; partition %s",
         config.finetune, len(initial), _millions(initial), _millions(built.model.state_dict()),
         partition)
@@ -67,10 +66,8 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
     features = {"raw": feature_space(config), "num_classes": built.data.num_classes,
                 "train_size": len(built.data.train.labels),
                 "test_size": len(built.data.test.labels)}
-    summary = _summary(config, result, strategy, evaluator, partition, features)
-    summary["label_noise"] = label_noise_summary(config, clients)
-    summary["local_steps"] = config.local_steps or steps or None
-    summary["setup"] = costs.to_dict()
+    summary = run_summary(config, result, strategy, evaluator, partition, features)
+    finish_run(summary, config, clients, steps, costs)
     summary["finetune"] = {"method": config.finetune,
                            "trainable_tensors": len(initial),
                            "trainable_parameters": int(sum(a.size for a in initial.values())),
@@ -85,19 +82,6 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
         summary["final_accuracy"], config.num_server_rounds, config.finetune, config.head,
         config.partition, out)
     return out
-
-
-def _partition_summary(config: RunConfig, built: Setup, clients: dict[int, dict]):
-    """Sizes and classes per client from the server's copy of the data; only sizes when nodes
-    read their own (as on the cached path)."""
-    ordered = [clients[n] for n in by_partition(clients)]
-    if any(int(c[p.OWN_DATA]) for c in ordered):
-        return summarize_sizes(f"{config.partition} of node-local data",
-                               [int(c[p.NUM_EXAMPLES]) for c in ordered])
-    parts = partitions(config, built.data, num_partitions(clients))
-    return summarize_partition(config.partition, [parts[int(c[p.PARTITION_ID])] for c in ordered],
-                               built.data.train.labels, built.data.train.domains,
-                               built.data.domain_names)
 
 
 def _millions(arrays) -> float:
@@ -127,16 +111,11 @@ class EncoderEvaluator(CentralEvaluator):
     """Scores the global model on the raw test split, in batches through the encoder."""
 
     def __init__(self, built: Setup, config: RunConfig, load: Callable[[ArrayRecord], None]) -> None:
-        self.built, self.load, self.config = built, load, config
+        self.built, self.load = built, load
         self.device = built.model.weight.device
-        self.labels = torch.from_numpy(built.data.test.labels).to(self.device)
-        self.domain_names = ()
-        self.domains = torch.from_numpy(built.data.test.domains).to(self.device)
-        self.domain_accuracy: dict[int, dict[str, float]] = {}
-        self.seconds: dict[int, float] = {}
-        self.round_seconds: dict[int, float] = {}
-        self.done_at: dict[int, float] = {}
-        self.round_info: Callable[[int], dict] = lambda _round: {}
+        super().__init__(config, torch.from_numpy(built.data.test.labels).to(self.device),
+                         torch.from_numpy(built.data.test.domains).to(self.device),
+                         built.data.domain_names)
 
     def _right(self, arrays: ArrayRecord) -> torch.Tensor:
         self.load(arrays)

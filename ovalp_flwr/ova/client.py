@@ -1,4 +1,5 @@
-"""What a client does with each message; `client_app.py` only registers these.
+"""The cached-feature path's client: what a node does with each message when `finetune = "none"`
+(`client_app.py` registers these, or the encoder path's `finetune.client`).
 
 The client's features are loaded and normalised once per process and kept on its
 device; a round is then a few SGD (or AdamW) steps on a slice of memory.
@@ -6,40 +7,29 @@ device; a round is then a few SGD (or AdamW) steps on a slice of memory.
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ovalp_flwr.federation import protocol as p
-from ovalp_flwr.federation.node import (NodeRows, feature_source, node_rows, node_test_rows,
-                                    noise_spec, partition_spec)
 from ovalp_flwr.config import RunConfig
+from ovalp_flwr.core.devices import one_cpu_thread, resolve_device
 from ovalp_flwr.core.head_init.statistics import KINDS, ClassStatistics
-from ovalp_flwr.core.heads import accuracy, loss_for
+from ovalp_flwr.core.heads import accuracy
 from ovalp_flwr.core.model import FeatureModel, model_from_numpy, model_to_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
-from ovalp_flwr.core.devices import resolve_device
-from ovalp_flwr.core.training import LocalSchedule, shuffle_generator, train_local
+from ovalp_flwr.core.training import shuffle_generator, train_local
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.node import (NodeRows, feature_source, local_schedule, node_partition,
+                                        node_rows, node_test_rows, noise_spec, partition_spec,
+                                        run_config)
+from ovalp_flwr.personalize.client import personalization_reply, score_reply
 
 # run -> partition id -> (features, labels). One run's rows at a time: a process that serves
 # many runs (a sweep in process, a Ray worker) would otherwise keep a training split per run.
 _ON_DEVICE: dict[tuple, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
-
-
-def node_partition(context: Context) -> tuple[int, int]:
-    """(partition-id, num-partitions): set by simulation, or by `--node-config` in deployment."""
-    try:
-        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-    except KeyError as missing:
-        raise ValueError(
-            f"node config lacks {missing}; start the SuperNode with "
-            '--node-config "partition-id=<i> num-partitions=<n>"'
-        ) from None
 
 
 def describe(msg: Message, context: Context) -> Message:
@@ -47,11 +37,7 @@ def describe(msg: Message, context: Context) -> Message:
     (if the normalisation needs them) its feature moments. A node with its own data builds its
     cache here, on the run's first message. If the server asks (a start from statistics under a
     normalisation that needs no global statistics), its class statistics too."""
-    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
-        from ovalp_flwr.finetune import client as finetune
-
-        return finetune.describe(msg, context)
-    config = RunConfig.from_mapping(context.run_config)
+    config = run_config(context)
     partition_id, num_partitions = node_partition(context)
     rows = _rows(config, context)
     content = RecordDict({
@@ -76,7 +62,7 @@ def set_norm(msg: Message, context: Context) -> Message:
     content = RecordDict({p.METRICS: MetricRecord({"stored": 1})})
     request = msg.content.config_records.get(p.CONFIG, ConfigRecord())
     digest = NormStats(**p.from_record(msg.content[p.NORM])).digest()
-    _add_statistics(content, RunConfig.from_mapping(context.run_config), context, request, digest)
+    _add_statistics(content, run_config(context), context, request, digest)
     return Message(content=content, reply_to=msg)
 
 
@@ -102,6 +88,17 @@ def client_statistics(config: RunConfig, context: Context, request: Mapping,
     return ClassStatistics.of(features, labels, int(request[p.NUM_CLASSES]), kind == "gram")
 
 
+def one_thread_mod(msg: Message, context: Context, call_next) -> Message:
+    """A ClientApp mod: this path's handlers on one CPU thread. Heads are tiny: with 2 intra-op
+    threads a 3-step round took 15 ms, with one 2.5 ms (thread sync dominates); a Ray client
+    holds one CPU anyway. Only while a message is handled, and not on the encoder path."""
+    config = run_config(context)
+    if config.finetune != "none" or resolve_device(config.device).type != "cpu":
+        return call_next(msg, context)
+    with one_cpu_thread():
+        return call_next(msg, context)
+
+
 def secure_statistics_mod(msg: Message, context: Context, call_next) -> Message:
     """A ClientApp mod: the `train` messages of Flower's SecAgg+ workflow (server half:
     `ovalp_flwr.federation.secure_sum`) go through Flower's `secaggplus_mod`, which masks the statistics
@@ -120,7 +117,7 @@ def _statistics_fitres(msg: Message, context: Context) -> Message:
     from flwr.compat.common import recorddict_compat as compat
 
     request = compat.recorddict_to_fitins(msg.content, keep_input=True).config
-    config = RunConfig.from_mapping(context.run_config)
+    config = run_config(context)
     stats = client_statistics(config, context, request, str(request.get(p.NORM_DIGEST, "")))
     vector = stats.per_sample_vector()
     limit = float(request[p.CLIPPING_RANGE])
@@ -134,11 +131,7 @@ def _statistics_fitres(msg: Message, context: Context) -> Message:
 
 def train(msg: Message, context: Context) -> Message:
     """One local round at the stage the server sent."""
-    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
-        from ovalp_flwr.finetune import client as finetune
-
-        return finetune.train(msg, context)
-    config = RunConfig.from_mapping(context.run_config)
+    config = run_config(context)
     round_config = msg.content[p.CONFIG]
     server_round = int(round_config["server-round"])
     partition_id, _ = node_partition(context)
@@ -163,23 +156,9 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-def local_schedule(config: RunConfig, round_config: Mapping | None = None,
-                   num_examples: int = 0) -> LocalSchedule:
-    """The run's local optimiser; the steps come from `local-steps`, else from the server
-    (epoch-size "equal-share" or "own-data-equal-steps": the same for every client), else from
-    the client's epochs. Under "own-data-equal-steps" a client bigger than an equal share takes
-    bigger batches, so that its epochs still pass over all of its data."""
-    steps = config.local_steps or int((round_config or {}).get(p.LOCAL_STEPS, 0))
-    batch = config.batch_size
-    if config.epoch_size == "own-data-equal-steps" and steps and not config.local_steps:
-        batch = max(batch, math.ceil(num_examples * config.local_epochs / steps))
-    return LocalSchedule(config.local_epochs, batch, config.learning_rate,
-                         config.weight_decay, config.local_optimizer, steps)
-
-
 def evaluate(msg: Message, context: Context) -> Message:
     """Local accuracy of the global head on this client's own data."""
-    config = RunConfig.from_mapping(context.run_config)
+    config = run_config(context)
     features, labels = _device_rows(config, context, str(msg.content[p.CONFIG].get(p.NORM_DIGEST, "")))
     head = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), features.device,
                             config.adapter_activation)
@@ -226,10 +205,6 @@ def _device_rows(config: RunConfig, context: Context, digest: str,
         stats = _stored_stats(context, digest)
         rows = _rows(config, context) if split == "train" else _test_rows(config, context)
         device = resolve_device(config.device)
-        if device.type == "cpu":
-            # Heads are tiny: with 2 intra-op threads a 3-step round took 15 ms, with one
-            # 2.5 ms (thread sync dominates). A Ray client holds one CPU anyway.
-            torch.set_num_threads(1)
         features = normalize(config.feature_norm, rows.features, stats) if len(rows.labels) \
             else rows.features
         on_device[split, partition_id] = (
@@ -254,11 +229,7 @@ def personalize(msg: Message, context: Context) -> Message:
     training rows, once. The reply carries the personalized model (the other clients score
     it: `score_personalized`), its Local accuracy after every epoch on this client's own test
     split, and snapshots at the run's curve epochs. A node with a `model-dir` keeps the model."""
-    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
-        from ovalp_flwr.finetune import client as finetune
-
-        return finetune.personalize(msg, context)
-    config = RunConfig.from_mapping(context.run_config)
+    config = run_config(context)
     digest = str(msg.content[p.CONFIG].get(p.NORM_DIGEST, ""))
     features, labels = _device_rows(config, context, digest)
     test_rows = _device_rows(config, context, digest, split="test")
@@ -268,90 +239,19 @@ def personalize(msg: Message, context: Context) -> Message:
                                  test_rows, model_to_numpy)
 
 
-def personalization_reply(msg: Message, context: Context, config: RunConfig, global_model,
-                          train_rows: tuple[torch.Tensor, torch.Tensor],
-                          test_rows: tuple[torch.Tensor, torch.Tensor],
-                          arrays_of: Callable[[FeatureModel], dict[str, np.ndarray]]) -> Message:
-    """Run the requested method on `global_model` (the heads on features, or an encoder:
-    `finetune.client`) and build the reply; `arrays_of(model)` is what of a model travels."""
-    from ovalp_flwr.personalize import LocalData, Task, make_personalizer
-
-    request = msg.content[p.CONFIG]
-    method = str(request[p.METHOD])
-    (features, labels), (test_x, test_y) = train_rows, test_rows
-    curve: list[float] = []
-    snapshots: dict[int, dict[str, np.ndarray]] = {}
-
-    def on_epoch(epoch: int, model: FeatureModel) -> None:
-        curve.append(accuracy(model, test_x, test_y) if len(test_y) else 0.0)
-        if epoch in config.curve_epochs:
-            snapshots[epoch] = arrays_of(model)
-
-    personalizer = make_personalizer(method, config.personalizer_options(method))
-    task = Task(loss_for(config.head, stage=2), pft_generator(config.seed, context), on_epoch)
-    started = time.perf_counter()
-    model = (personalizer.personalize(global_model, LocalData(features, labels), task)
-             if len(labels) else global_model)  # nothing to fine-tune on: the global model
-    seconds = time.perf_counter() - started
-    arrays = arrays_of(model)
-    saved = save_personalized(context, str(request.get(p.RUN_NAME, "")), method, arrays)
-    content = RecordDict({
-        p.ARRAYS: p.to_record(arrays),
-        p.METRICS: MetricRecord({p.LOCAL_CURVE: curve, p.TRAIN_SECONDS: seconds,
-                                 p.NUM_EXAMPLES: len(labels), p.NUM_TEST: len(test_y)}),
-        p.CONFIG: ConfigRecord({"saved": saved}),
-    })
-    for epoch, snapshot in snapshots.items():
-        content[f"{p.SNAPSHOT_PREFIX}{epoch}"] = p.to_record(snapshot)
-    return Message(content=content, reply_to=msg)
-
-
 def score_personalized(msg: Message, context: Context) -> Message:
-    """Score every model the server sent on this client's own test split: right predictions,
-    and the summed L2 distance between its features and the global model's (the study's
-    feature distortion), so no test row leaves the client."""
-    if context.run_config.get("finetune", "none") != "none":  # the encoder path's handler
-        from ovalp_flwr.finetune import client as finetune
-
-        return finetune.score_personalized(msg, context)
-    config = RunConfig.from_mapping(context.run_config)
+    """Score every model the server sent on this client's own test split
+    (`personalize.client.score_reply`): each is a head (and adapter) on the cached features."""
+    config = run_config(context)
     digest = str(msg.content[p.CONFIG].get(p.NORM_DIGEST, ""))
-    test_x, test_y = _device_rows(config, context, digest, split="test")
-    device, activation = test_x.device, config.adapter_activation
+    test_rows = _device_rows(config, context, digest, split="test")
+    device, activation = test_rows[0].device, config.adapter_activation
     global_model = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), device, activation)
-    metrics: dict[str, int | float] = {p.NUM_TEST: len(test_y)}
-    with torch.inference_mode():
-        global_features = global_model.features(test_x)
-        for key, record in msg.content.array_records.items():
-            if not key.startswith(p.MODEL_PREFIX):
-                continue
-            name = key[len(p.MODEL_PREFIX):]
-            model = model_from_numpy(p.from_record(record), device, activation)
-            features = model.features(test_x)
-            metrics[p.CORRECT_PREFIX + name] = int((model(test_x).argmax(1) == test_y).sum())
-            metrics[p.DISTANCE_PREFIX + name] = float(
-                torch.linalg.vector_norm(features - global_features, dim=1).sum())
-    return Message(content=RecordDict({p.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+    @contextmanager
+    def model_of(arrays: dict[str, np.ndarray]) -> Iterator[FeatureModel]:
+        yield model_from_numpy(arrays, device, activation)
+
+    return score_reply(msg, test_rows, global_model, model_of)
 
 
-def pft_generator(seed: int, context: Context) -> torch.Generator:
-    """The PFT batch order, fixed by (run seed, partition): reruns are identical, and the
-    round-indexed federated streams never repeat it."""
-    partition_id, _ = node_partition(context)
-    entropy = np.random.SeedSequence([seed, partition_id, 0x9F7]).generate_state(1)[0]
-    return torch.Generator().manual_seed(int(entropy))
-
-
-def save_personalized(context: Context, run_name: str, method: str,
-                      arrays: dict[str, np.ndarray]) -> str:
-    """`<model-dir>/<run-name>/<method>.safetensors`, atomically, if the node config names a
-    model dir (a deployed node keeps its model); returns the path, or "" when not kept."""
-    from ovalp_flwr.personalize.store import write_model
-
-    model_dir = context.node_config.get("model-dir")
-    if not model_dir:
-        return ""
-    path = Path(str(model_dir)).expanduser().resolve() / (run_name or "run") / f"{method}.safetensors"
-    write_model(path, arrays, {"method": method, "run-name": run_name,
-                               "partition-id": str(node_partition(context)[0])})
-    return str(path)

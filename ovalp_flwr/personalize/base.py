@@ -2,7 +2,8 @@
 epochs of mini-batch steps on a chosen set of parameters.
 
 A method is a small `Personalizer` subclass (FL-bench's shape): a `name`, a frozen dataclass
-of hyperparameters with their defaults (`Hyperparameters`), and `personalize`, which turns
+of hyperparameters with their defaults (`Hyperparameters`, declared without torch in
+`ovalp_flwr.personalize.hyperparameters`), and `personalize`, which turns
 the global model into this client's model. Each runs once per client, after the last
 federated round, on the client's own training rows; nothing it does is communicated but the
 model it returns (scored by the other clients, `ovalp_flwr.personalize.phase`).
@@ -13,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from ovalp_flwr.core.model import FeatureModel, clone
 from ovalp_flwr.core.training import LocalSchedule, optimizer_step
+from ovalp_flwr.personalize.hyperparameters import FineTuning  # torch-free: config reads it
 
 OnEpoch = Callable[[int, FeatureModel], None]
 ExtraLoss = Callable[[FeatureModel], torch.Tensor]
@@ -41,32 +43,6 @@ class Task:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     generator: torch.Generator
     on_epoch: OnEpoch = lambda epoch, model: None
-
-
-@dataclass(frozen=True)
-class FineTuning:
-    """The study's PFT setting: 15 epochs of Adam at 1e-3 (AdamW without decay), batch 32."""
-
-    epochs: int = 15
-    learning_rate: float = 1e-3
-    batch_size: int = 32
-    optimizer: str = "adamw"
-    weight_decay: float = 0.0
-
-    def check(self) -> dict[str, str]:
-        """{hyperparameter: what is allowed} for each bad value (subclasses add theirs)."""
-        bad = {}
-        if self.epochs < 1:
-            bad["epochs"] = "use an integer >= 1"
-        if not self.learning_rate > 0:
-            bad["learning-rate"] = "use a value > 0"
-        if self.batch_size < 1:
-            bad["batch-size"] = "use an integer >= 1"
-        if self.optimizer not in ("adamw", "sgd"):
-            bad["optimizer"] = "choose one of: adamw, sgd"
-        if self.weight_decay < 0:
-            bad["weight-decay"] = "use a value >= 0"
-        return bad
 
 
 class Personalizer:
@@ -138,40 +114,3 @@ def average(models: list[FeatureModel], weights: list[float] | None = None) -> F
         for name, param in soup.named_parameters():
             param.copy_(sum(w * dict(m.named_parameters())[name] for w, m in zip(weights, models)))
     return soup
-
-
-def parse_hyperparameters(cls: type[Personalizer], options: dict[str, Any]) -> FineTuning:
-    """Build a method's hyperparameters from `{dash-name: value}`; raise `HyperparameterError`
-    naming the first unknown key or bad value."""
-    fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls.Hyperparameters)}
-    values = {}
-    for key, value in options.items():
-        if key not in fields:
-            raise HyperparameterError(cls.name, key, value,
-                                      f"{cls.name}'s hyperparameters: {', '.join(fields)}")
-        values[fields[key].name] = _typed(cls.name, key, value, type(getattr(
-            cls.Hyperparameters(), fields[key].name)))
-    hp = cls.Hyperparameters(**values)
-    for key, allowed in hp.check().items():
-        raise HyperparameterError(cls.name, key, options.get(key, getattr(
-            hp, key.replace("-", "_"))), allowed)
-    return hp
-
-
-class HyperparameterError(ValueError):
-    """A bad method name or `pft.<method>.<key>` value; one line naming the run-config key, the
-    value and what is allowed (`config.RunConfig` turns it into its `ConfigError`)."""
-
-    def __init__(self, method: str | None, key: str, value: Any, allowed: str) -> None:
-        self.key = key if method is None else f"pft.{method}.{key}"
-        self.value, self.allowed = value, allowed
-        super().__init__(f"run config: {self.key}={value!r} is not allowed; {allowed}")
-
-
-def _typed(method: str, key: str, value: Any, kind: type) -> Any:
-    """Run-config values arrive typed; an int may stand for a float, nothing else converts."""
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, kind) and not isinstance(value, bool):
-        return value
-    raise HyperparameterError(method, key, value, f"expected a value of type {kind.__name__}")

@@ -1,21 +1,9 @@
 """LP-FT (Kumar et al., 2022): the heads first, then everything. Fitting the heads before the
 features move keeps the early, large head gradients from distorting the features."""
 
-from dataclasses import dataclass
-
 from ovalp_flwr.core.model import FeatureModel, clone
-from ovalp_flwr.personalize.base import FineTuning, LocalData, Personalizer, Task, fit
-
-
-@dataclass(frozen=True)
-class LPFTHyperparameters(FineTuning):
-    lp_epochs: int = 5  # of `epochs`: the rest are FT epochs
-
-    def check(self) -> dict[str, str]:
-        bad = super().check()
-        if not 0 <= self.lp_epochs <= self.epochs:
-            bad["lp-epochs"] = f"use an integer in [0, epochs={self.epochs}]"
-        return bad
+from ovalp_flwr.personalize.base import LocalData, Personalizer, Task, fit
+from ovalp_flwr.personalize.hyperparameters import LPFTHyperparameters
 
 
 class LPFT(Personalizer):

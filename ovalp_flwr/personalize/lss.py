@@ -5,34 +5,13 @@ through the interpolations makes the whole segment between ingredients low-loss,
 average is a good model; the affinity term keeps them in the global model's basin and the
 diversity term spreads them apart, so the soup is more than one fine-tune."""
 
-from dataclasses import dataclass
-
 import torch
 from torch.func import functional_call
 
 from ovalp_flwr.core.model import FeatureModel, clone
-from ovalp_flwr.personalize.base import (FineTuning, LocalData, Personalizer, Task, average,
-                                         squared_distance)
+from ovalp_flwr.personalize.base import LocalData, Personalizer, Task, average, squared_distance
+from ovalp_flwr.personalize.hyperparameters import LSSHyperparameters
 from ovalp_flwr.core.training import LocalSchedule, optimizer_step
-
-
-@dataclass(frozen=True)
-class LSSHyperparameters(FineTuning):
-    models: int = 3  # ingredients; `epochs` are split among them
-    affinity: float = 1.0  # weight of ‖θ_m − θ_G‖²
-    diversity: float = 0.1  # weight of −mean_{i<m} ‖θ_m − θ_i‖²
-
-    def check(self) -> dict[str, str]:
-        bad = super().check()
-        if not 1 <= self.models <= self.epochs:
-            bad["models"] = f"use an integer in [1, epochs={self.epochs}]"
-        if self.affinity < 0:
-            bad["affinity"] = "use a value >= 0"
-        if self.diversity < 0 or 0 < self.diversity >= self.affinity:
-            # the two quadratics sum to (affinity − diversity)‖θ_m‖² + linear terms
-            bad["diversity"] = (f"use 0, or a value >= 0 and < affinity={self.affinity} "
-                                f"(else the loss is unbounded below)")
-        return bad
 
 
 class LSS(Personalizer):

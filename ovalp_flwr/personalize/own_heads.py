@@ -4,27 +4,11 @@ binary classifier, so a client can refine the heads of its classes without rewri
 class's. Under softmax the heads are coupled through the partition function, so freezing the
 absent classes' rows leaves their decision boundaries shifted by the moved ones: weaker there."""
 
-from dataclasses import dataclass
-
 import torch
 
 from ovalp_flwr.core.model import FeatureModel, clone
 from ovalp_flwr.personalize.base import LocalData, Personalizer, Task, fit, squared_distance
-from ovalp_flwr.personalize.proximal import ProximalHyperparameters
-
-
-@dataclass(frozen=True)
-class OwnHeadsHyperparameters(ProximalHyperparameters):
-    # weight of ‖V − V_G‖² over the moving rows: how far they may go. 1.0 keeps Global within
-    # a few points of the global model's (README, "Personalization"); 0: the rows move freely
-    mu: float = 1.0
-
-    def check(self) -> dict[str, str]:
-        bad = super().check()
-        if self.weight_decay > 0:  # decay moves every entry, masked or not
-            bad["weight-decay"] = ("own-heads keeps the other classes' heads fixed; "
-                                   "use weight-decay = 0")
-        return bad
+from ovalp_flwr.personalize.hyperparameters import OwnHeadsHyperparameters
 
 
 class OwnHeads(Personalizer):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from logging import INFO
+from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -19,7 +19,9 @@ from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.ops.console import say
 from ovalp_flwr.personalize.metrics import CrossScores, per_client, summarize
-from ovalp_flwr.ova.server import SetupCosts, by_partition, exchange
+from ovalp_flwr.core.normalize import NormStats
+from ovalp_flwr.federation.exchange import FederationError, SetupCosts, exchange
+from ovalp_flwr.federation.setup import by_partition
 
 GLOBAL = "global"  # the federated model itself, scored like a method (nothing fine-tuned)
 
@@ -113,3 +115,15 @@ def _say(method: str, summary: dict, seconds: float) -> None:
         "  distortion %.3f%s", method, summary["local"], summary["global"], summary["c_std"],
         summary["worst"], summary["average"], summary["distortion"],
         f"  ({seconds:.1f} s)" if seconds else "")
+
+
+def personalize_after(grid: Grid, config: RunConfig, clients: dict[int, dict],
+                      arrays: ArrayRecord, stats: NormStats | None, run_name: str) -> dict:
+    """The personalization phase; if a client fails it, the federated run's results are
+    still written, with the error in place of the phase's."""
+    try:
+        return personalization_phase(grid, config, clients, arrays,
+                                     stats.digest() if stats else "", run_name)
+    except FederationError as err:
+        say(WARNING, "personalization stopped: %s", err)
+        return {"error": str(err)}

@@ -1,22 +1,9 @@
 """Proximal FT: FT with μ‖θ − θ_G‖² added to the loss (FedProx's term, applied after
 federation), which holds the personalized model near the global one."""
 
-from dataclasses import dataclass
-
 from ovalp_flwr.core.model import FeatureModel, clone
-from ovalp_flwr.personalize.base import (FineTuning, LocalData, Personalizer, Task, fit,
-                                         squared_distance)
-
-
-@dataclass(frozen=True)
-class ProximalHyperparameters(FineTuning):
-    mu: float = 0.1
-
-    def check(self) -> dict[str, str]:
-        bad = super().check()
-        if self.mu < 0:
-            bad["mu"] = "use a value >= 0"
-        return bad
+from ovalp_flwr.personalize.base import LocalData, Personalizer, Task, fit, squared_distance
+from ovalp_flwr.personalize.hyperparameters import ProximalHyperparameters
 
 
 class Proximal(Personalizer):

@@ -4,25 +4,10 @@ Fine-tunes of one pre-trained model stay in one loss basin, so their mean is a m
 it is less sensitive to the learning rate than any one candidate."""
 
 import dataclasses
-from dataclasses import dataclass
 
 from ovalp_flwr.core.model import FeatureModel, clone
-from ovalp_flwr.personalize.base import (FineTuning, LocalData, Personalizer, Task, average,
-                                         fit)
-
-
-@dataclass(frozen=True)
-class SoupHyperparameters(FineTuning):
-    candidates: int = 3
-    lr_spread: float = 2.0  # candidate learning rates: geometric from lr/spread to lr*spread
-
-    def check(self) -> dict[str, str]:
-        bad = super().check()
-        if self.candidates < 1:
-            bad["candidates"] = "use an integer >= 1"
-        if not self.lr_spread >= 1:
-            bad["lr-spread"] = "use a value >= 1 (1: every candidate at learning-rate)"
-        return bad
+from ovalp_flwr.personalize.base import LocalData, Personalizer, Task, average, fit
+from ovalp_flwr.personalize.hyperparameters import SoupHyperparameters
 
 
 class Soup(Personalizer):

@@ -3,25 +3,12 @@ the global model move. The client adapts where its data disagrees most with the 
 and leaves the rest of the federated solution exactly as it was."""
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from ovalp_flwr.core.model import FeatureModel, clone
-from ovalp_flwr.personalize.base import FineTuning, LocalData, Personalizer, Task, fit
-
-
-@dataclass(frozen=True)
-class SparseHyperparameters(FineTuning):
-    share: float = 0.1  # of all parameter entries (adapter and heads together)
-
-    def check(self) -> dict[str, str]:
-        bad = super().check()
-        if not 0 < self.share <= 1:
-            bad["share"] = "use a value in (0, 1]"
-        if self.weight_decay > 0:  # decay moves every entry, masked or not
-            bad["weight-decay"] = "sparse keeps unselected entries fixed; use weight-decay = 0"
-        return bad
+from ovalp_flwr.personalize.base import LocalData, Personalizer, Task, fit
+from ovalp_flwr.personalize.hyperparameters import SparseHyperparameters
 
 
 class Sparse(Personalizer):

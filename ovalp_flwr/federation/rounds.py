@@ -1,0 +1,75 @@
+"""The federated rounds' wiring, shared by both paths: the strategy, the local steps every client
+takes, and what a train reply must be."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from logging import INFO
+
+import numpy as np
+
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.node import local_schedule
+from ovalp_flwr.federation.setup import num_partitions
+from ovalp_flwr.federation.strategy import (ControlVariates, ReplyCheck, Staged, StagedFedAdam,
+                                            StagedFedAvg)
+from ovalp_flwr.federation.validation import check_train_reply
+from ovalp_flwr.ops.console import say
+
+
+def equal_share_steps(config: RunConfig, clients: dict[int, dict]) -> int:
+    """Local steps for every client under epoch-size "equal-share" or "own-data-equal-steps":
+    `local-epochs` passes over an equal share of the federation's data (its samples at the
+    start over num-partitions), in batches. Clients of unequal size then take the same number
+    of steps, as SCAFFOLD's analysis assumes (under "own-data-equal-steps" in bigger batches
+    where a client holds more than a share: `client.local_schedule`); on equal-size
+    partitions nothing changes. 0 when the run's steps come from elsewhere (`local-steps`, or
+    epochs of each client's own data)."""
+    if config.epoch_size == "own-data" or config.local_steps:
+        return 0
+    share = sum(int(c[p.NUM_EXAMPLES]) for c in clients.values()) / num_partitions(clients)
+    steps = config.local_epochs * max(1, math.ceil(share / config.batch_size))
+    say(INFO, "epoch-size %s: every client takes %s local steps per round", config.epoch_size,
+        steps)
+    return steps
+
+
+def train_reply_check(config: RunConfig, clients: dict[int, dict], steps: int) -> ReplyCheck:
+    """What a train reply must be (`validation.check_train_reply`): the global model's arrays,
+    finite; the sample count its node described (`clients`, late nodes included); the steps
+    the run's local schedule takes on them."""
+    round_config = {p.LOCAL_STEPS: steps} if steps else {}
+
+    def check(node: int, arrays: dict[str, np.ndarray], metrics: dict,
+              global_arrays: dict[str, np.ndarray]) -> str | None:
+        if node not in clients:
+            return "the node is not in the federation"
+        examples = int(clients[node][p.NUM_EXAMPLES])
+        planned = local_schedule(config, round_config, examples).num_steps(examples)
+        return check_train_reply(arrays, metrics, global_arrays, examples, planned)
+
+    return check
+
+
+def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | None = None,
+                  **wiring) -> Staged:
+    """The run's strategy: FedAvg or FedAdam, with its staging and quantity-skew options (or
+    `strategy_class` with those options: FLoRA's)."""
+    options = dict(
+        stage_for_round=config.stage_for_round,
+        seed=config.seed,
+        fraction_train=config.fraction_train,
+        fraction_evaluate=config.fraction_evaluate,
+        aggregation_weights=config.aggregation_weights,
+        exclude_after=config.exclude_after_rejections,
+        control_variates=(ControlVariates(config.learning_rate)
+                          if config.drift_correction == "scaffold" else None),
+        **wiring,
+    )
+    if strategy_class is not None:
+        return strategy_class(**options)
+    if config.server_optimizer == "fedadam":
+        return StagedFedAdam(eta=config.server_learning_rate, eta_l=config.learning_rate, **options)
+    return StagedFedAvg(**options)

@@ -1,0 +1,248 @@
+"""The set-up exchanges before round 1, shared by both paths: who the clients are (`describe`),
+the global feature statistics (`set_norm`), the class statistics for the heads' start, and how a
+node that connects mid-run joins. Every reply is checked before it is used (`validation`): a
+node that describes itself impossibly is left out, with a warning."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from logging import WARNING
+
+from flwr.app import ConfigRecord, RecordDict
+from flwr.serverapp import Grid
+
+from ovalp_flwr.core.head_init.statistics import ClassStatistics
+from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.features.cache import CachedFeatures
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.exchange import CountingGrid, FederationError, SetupCosts, exchange
+from ovalp_flwr.federation.strategy import message_bytes
+from ovalp_flwr.federation.validation import check_description, check_moments, check_statistics
+from ovalp_flwr.ops.console import say
+
+
+class StatisticsSum:
+    """The federation's class statistics, added up reply by reply: no client's copy is kept
+    (a Gram matrix is D² floats per client); or summed under SecAgg+ (`add_secure`)."""
+
+    def __init__(self) -> None:
+        self.total: ClassStatistics | None = None
+        self.senders = 0
+        self.wire_bytes = 0.0
+        self.secure = False
+
+    def add_secure(self, grid: Grid, clients: dict[int, dict], request: dict, num_features: int,
+                   costs: SetupCosts) -> None:
+        """Flower's SecAgg+ (`secure_sum`): only the sum and the sample counts are seen."""
+        from ovalp_flwr.federation.secure_sum import secure_statistics
+
+        sizes = {node: int(c[p.NUM_EXAMPLES]) for node, c in clients.items()}
+        counted = CountingGrid(grid)
+        started = time.perf_counter()
+        total = secure_statistics(counted, list(clients), request, sizes, num_features)
+        costs.add(counted.sent, counted.received, time.perf_counter() - started)
+        if total is None:
+            said = f"; node {counted.errors[0][0]} said: {counted.errors[0][1]}" if counted.errors \
+                else ""
+            raise FederationError(f"statistics-aggregation='secagg+': SecAgg+ did not complete "
+                                  f"({len(counted.errors)} client error(s)){said}")
+        self.total = total
+        self.senders, self.secure = sum(1 for n in sizes.values() if n), True
+        self.wire_bytes = sum(message_bytes(c) for c in counted.received) / max(len(clients), 1)
+
+    def add(self, content: RecordDict) -> None:
+        if p.STATISTICS not in content:
+            return
+        record = content[p.STATISTICS]
+        part = ClassStatistics.from_arrays(p.from_record(record))
+        self.total = part if self.total is None else ClassStatistics.merge([self.total, part])
+        self.senders += 1
+        self.wire_bytes += record.count_bytes()
+
+
+def statistics_request(kind: str, num_classes: int) -> dict:
+    """What the last set-up message asks each client to send for the heads' start."""
+    return {} if kind == "none" else {p.STATISTICS_KIND: kind, p.NUM_CLASSES: num_classes}
+
+
+def describe_clients(grid: Grid, nodes: list[int], check_ids: bool = True,
+                     costs: SetupCosts | None = None, request: dict | None = None,
+                     statistics: StatisticsSum | None = None,
+                     cache: CachedFeatures | None = None) -> dict[int, dict]:
+    """Every client's partition id and sample count (plus moments, if the norm needs them, and
+    the class statistics into `statistics`, if `request` asks for them). With the server's
+    `cache`, a node whose description is impossible (`setup_refusal`) is left out, warned of."""
+    replies = exchange(grid, p.DESCRIBE,
+                       {n: RecordDict({p.CONFIG: ConfigRecord(dict(request or {}))}) for n in nodes},
+                       costs)
+    clients = {}
+    for node, content in replies.items():
+        reason = None if cache is None else setup_refusal(content, cache, describe=True)
+        if reason:
+            say(WARNING, "node %s left out of the federation: its %s reply %s", node, p.DESCRIBE,
+                reason)
+            continue
+        if statistics is not None:
+            statistics.add(content)
+        info = dict(content[p.METRICS])
+        info[p.FEATURE_SPACE] = str(content[p.CONFIG][p.FEATURE_SPACE])
+        if p.MOMENTS in content:
+            info[p.MOMENTS] = p.from_record(content[p.MOMENTS])
+        clients[node] = info
+    if check_ids:
+        leave_out(clients, [])  # nobody left: one line, not an empty federation
+        _check_partition_ids(clients)
+    return clients
+
+
+def setup_refusal(content: RecordDict, cache: CachedFeatures, describe: bool = False,
+                  examples: int | None = None) -> str | None:
+    """Why a set-up reply cannot be used (`validation`), or None: a `describe` reply's counts
+    (no more samples than the dataset, unless the node reads its own data) and moments; the
+    class statistics of either, against the node's described samples."""
+    num_features, reason = cache.train.x.shape[1], None
+    try:
+        if describe:
+            metrics = dict(content[p.METRICS])
+            own = metrics.get(p.OWN_DATA) == 1
+            reason = check_description(metrics, None if own else len(cache.train.y))
+            examples = None if reason else int(metrics[p.NUM_EXAMPLES])
+            if not reason and p.MOMENTS in content:
+                reason = check_moments(p.from_record(content[p.MOMENTS]), num_features)
+        if not reason and p.STATISTICS in content:
+            reason = check_statistics(p.from_record(content[p.STATISTICS]), cache.num_classes,
+                                      num_features, examples or 0)
+    except (KeyError, ValueError, TypeError) as err:
+        return f"is malformed ({type(err).__name__}: {err})"
+    return f"is refused: {reason}" if reason else None
+
+
+def check_feature_space(clients: dict[int, dict], expected: str,
+                        differs: str = "have features from another encoder or label set than "
+                                       "the server's cache",
+                        hint: str = ": give every node the same dataset classes and encoder "
+                                    "options") -> None:
+    """Every node's features (or raw data and model, on the encoder path) must be the server's
+    `expected` feature space, or averaging across them is meaningless: refuse, naming a node."""
+    wrong = {n: c[p.FEATURE_SPACE] for n, c in clients.items() if c[p.FEATURE_SPACE] != expected}
+    if wrong:
+        node, found = next(iter(sorted(wrong.items())))
+        raise FederationError(f"{len(wrong)} node(s) {differs} ({expected}); node {node} has "
+                              f"{found}{hint}")
+
+
+def _check_partition_ids(clients: dict[int, dict]) -> None:
+    """One num-partitions N for all, distinct ids in 0..N-1. N may exceed the nodes present:
+    the missing partitions' nodes can join later (`late_admitter`)."""
+    counts = {int(c[p.NUM_PARTITIONS]) for c in clients.values()}
+    ids = sorted(int(c[p.PARTITION_ID]) for c in clients.values())
+    n = max(counts)
+    if len(counts) != 1 or len(set(ids)) != len(ids) or not 0 <= ids[0] <= ids[-1] < n:
+        raise FederationError(
+            f"{len(clients)} clients report num-partitions {sorted(counts)} and partition ids "
+            f"{ids[:5]}...; every node needs the same num-partitions and a distinct partition-id "
+            f"in 0..num-partitions-1")
+    if len(ids) < n:
+        missing = sorted(set(range(n)) - set(ids))
+        say(WARNING, "partitions %s of %s have no node yet; they join when their nodes connect",
+            missing[:10], n)
+
+
+def num_partitions(clients: dict[int, dict]) -> int:
+    return int(next(iter(clients.values()))[p.NUM_PARTITIONS])
+
+
+def by_partition(clients: dict[int, dict]) -> list[int]:
+    """Node ids ordered by partition id: the order sampling draws from."""
+    return sorted(clients, key=lambda node: int(clients[node][p.PARTITION_ID]))
+
+
+def leave_out(clients: dict[int, dict], nodes: list[int]) -> None:
+    """Drop `nodes` from the federation; refuse to go on without anyone."""
+    for node in nodes:
+        clients.pop(node, None)
+    if not clients:
+        raise FederationError("every node was left out of the federation: see the warnings above")
+
+
+def global_stats(config: RunConfig, clients: dict[int, dict]) -> NormStats | None:
+    """Merge the clients' moments into the global mean/std (None if the norm needs none)."""
+    if not NEEDS_STATS[config.feature_norm]:
+        return None
+    parts = [FeatureMoments(int(c[p.NUM_EXAMPLES]), c[p.MOMENTS]["sum"], c[p.MOMENTS]["sum-sq"])
+             for c in clients.values() if p.MOMENTS in c]
+    return NormStats.from_moments(FeatureMoments.merge(parts))
+
+
+def broadcast_stats(grid: Grid, stats: NormStats, nodes: list[int],
+                    costs: SetupCosts | None = None, request: dict | None = None,
+                    statistics: StatisticsSum | None = None, clients: dict[int, dict] | None = None,
+                    cache: CachedFeatures | None = None) -> list[int]:
+    """The global mean/std to every node; their replies carry the class statistics of the
+    normalised features into `statistics` when `request` asks for them. Returns the nodes whose
+    statistics are impossible (checked against `clients` and `cache` when given): not added."""
+    record = p.to_record({"mean": stats.mean, "std": stats.std})
+    config = ConfigRecord(dict(request or {}))
+    replies = exchange(grid, p.SET_NORM,
+                       {n: RecordDict({p.NORM: record, p.CONFIG: config}) for n in nodes}, costs)
+    refused = []
+    for node, content in replies.items():
+        reason = None if cache is None or clients is None else setup_refusal(
+            content, cache, examples=int(clients[node][p.NUM_EXAMPLES]))
+        if reason:
+            say(WARNING, "node %s left out of the federation: its %s reply %s", node, p.SET_NORM,
+                reason)
+            refused.append(node)
+        elif statistics is not None:
+            statistics.add(content)
+    return refused
+
+
+def late_admitter(cache: CachedFeatures, stats: NormStats | None,
+                  clients: dict[int, dict]) -> Callable[[Grid, list[int]], list[int]]:
+    """How a node that connects mid-run joins: `describe`, the feature-space check, the
+    global statistics. Refused (one warning each): a failed reply, another feature space,
+    another num-partitions, a partition id a live node already holds. A new node that takes
+    the id of an offline one replaces it."""
+
+    def admit(grid: Grid, new_nodes: list[int]) -> list[int]:
+        try:
+            described = describe_clients(grid, new_nodes, check_ids=False, cache=cache)
+        except FederationError as err:
+            say(WARNING, "late nodes %s not admitted: %s", new_nodes, err)
+            return by_partition(clients)
+        live = set(grid.get_node_ids())
+        holders = {int(c[p.PARTITION_ID]): node for node, c in clients.items()}
+        admitted = []
+        for node in by_partition(described):
+            info, pid = described[node], int(described[node][p.PARTITION_ID])
+            reason = _refusal(info, pid, num_partitions(clients), cache, holders, live)
+            if reason:
+                say(WARNING, "late node %s not admitted: %s", node, reason)
+                continue
+            clients.pop(holders.get(pid, -1), None)  # an offline holder is replaced
+            clients[node], holders[pid] = info, node
+            admitted.append(node)
+        if stats is not None and admitted:
+            try:
+                broadcast_stats(grid, stats, admitted)
+            except FederationError as err:  # they would fail every train message: leave them out
+                say(WARNING, "late nodes %s not admitted: %s", admitted, err)
+                for node in admitted:
+                    clients.pop(node)
+        return by_partition(clients)
+
+    return admit
+
+
+def _refusal(info: dict, pid: int, n: int, cache: CachedFeatures, holders: dict[int, int],
+             live: set[int]) -> str | None:
+    if info[p.FEATURE_SPACE] != cache.feature_space():
+        return f"features from another encoder or label set ({info[p.FEATURE_SPACE]})"
+    if int(info[p.NUM_PARTITIONS]) != n or not 0 <= pid < n:
+        return f"partition {pid} of {int(info[p.NUM_PARTITIONS])} does not fit the run's {n}"
+    if holders.get(pid) in live:
+        return f"partition-id {pid} is held by live node {holders[pid]}"
+    return None

@@ -1,0 +1,86 @@
+"""What `summary.json` says of a run, shared by both paths (README, "Results")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import flwr
+import numpy as np
+import torch
+from flwr.serverapp.strategy import Result
+
+from ovalp_flwr import __version__
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.data.partition import PartitionSummary, summarize_partition, summarize_sizes
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.evaluation import CentralEvaluator
+from ovalp_flwr.federation.exchange import SetupCosts
+from ovalp_flwr.federation.setup import by_partition, num_partitions
+from ovalp_flwr.federation.strategy import Staged
+
+
+def run_summary(config: RunConfig, result: Result, strategy: Staged,
+             evaluator: CentralEvaluator, partition: PartitionSummary, features: dict) -> dict:
+    """What `summary.json` holds (README, "Results")."""
+    accuracies = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_serverapp.items()}
+    local = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_clientapp.items()}
+    last = config.num_server_rounds  # 0: the start is the result
+    rounds = [
+        {"round": r, "accuracy": accuracies[r], "local_accuracy": local.get(r),
+         **strategy.rounds.get(r, {}), "server_eval_seconds": evaluator.seconds[r],
+         "round_seconds": evaluator.round_seconds[r],
+         **({"domain_accuracy": evaluator.domain_accuracy[r]} if evaluator.domain_names else {})}
+        for r in range(1, last + 1)
+    ]
+    domains = {"domain_accuracy": {"initial": evaluator.domain_accuracy[0],
+                                   "final": evaluator.domain_accuracy[last]}} \
+        if evaluator.domain_names else {}
+    return {**domains,
+        "final_accuracy": accuracies[last],
+        "best_accuracy": max(accuracies[r] for r in range(min(1, last), last + 1)),
+        "initial_accuracy": accuracies[0],
+        "num_clients": partition.num_clients,
+        "config": config.to_dict(),
+        "partition": partition.to_dict(),
+        "features": features,
+        "rounds": rounds,
+        "versions": versions(),
+    }
+
+
+def partition_summary(config: RunConfig, clients: dict[int, dict],
+                      partitions: Callable[[int], Sequence[np.ndarray]], labels: np.ndarray,
+                      domains: np.ndarray, domain_names: tuple[str, ...]) -> PartitionSummary:
+    """Sizes and classes per client from the server's copy of the training split (`labels`,
+    `domains`; `partitions(n)`: every client's rows of it); for nodes with their own data the
+    server knows only the sample counts they report (as FedAvg does), so classes stay empty."""
+    by_id = [clients[node] for node in by_partition(clients)]
+    kind = f"domain ({config.within_domain} within)" if config.partition == "domain" \
+        else config.partition
+    if not any(int(c[p.OWN_DATA]) for c in by_id):
+        parts = partitions(num_partitions(clients))
+        return summarize_partition(kind, [parts[int(c[p.PARTITION_ID])] for c in by_id],
+                                   labels, domains, domain_names)
+    return summarize_sizes(f"{kind} of node-local data", [int(c[p.NUM_EXAMPLES]) for c in by_id])
+
+
+def finish_run(summary: dict, config: RunConfig, clients: dict[int, dict], steps: int,
+               costs: SetupCosts) -> None:
+    """What both paths add to `run_summary` once the rounds are over: the clients' label noise,
+    the local steps and the set-up exchanges' costs."""
+    summary["label_noise"] = label_noise_summary(config, clients)
+    summary["local_steps"] = config.local_steps or steps or None  # None: epochs of own data
+    summary["setup"] = costs.to_dict()
+
+
+def label_noise_summary(config: RunConfig, clients: dict[int, dict]) -> dict:
+    """What was asked for and what the clients' labels realise (counts from `describe`)."""
+    examples = sum(int(c[p.NUM_EXAMPLES]) for c in clients.values())
+    noisy = sum(int(c[p.NOISY_EXAMPLES]) for c in clients.values())
+    return {"kind": config.label_noise, "rate": config.noise_rate,
+            "realised_rate": noisy / examples if examples else 0.0}
+
+
+def versions() -> dict:
+    """What the run ran on."""
+    return {"ovalp_flwr": __version__, "flwr": flwr.__version__, "torch": torch.__version__}
