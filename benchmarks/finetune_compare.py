@@ -78,7 +78,7 @@ def run_one(config: dict, clients: int) -> None:
 
 
 def report() -> str:
-    from ovalp_flwr.experiments.metrics import ACC_AT_FRACTION, first_round_at, start_and_rounds
+    from ovalp_flwr.federation.metrics import ACC_AT_FRACTION, first_round_at, start_and_rounds
 
     runs = {}
     for path in sorted(RESULTS.glob("*/summary.json")):

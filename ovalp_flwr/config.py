@@ -245,7 +245,8 @@ class RunConfig:
         "longer sampled (`0`: never).")
     checkpoint_every: int = _key(
         1, "reliability", "A checkpoint in `results/<run-name>/` after every this many rounds "
-        "(`0`: none).")
+        "(`0`: none). The cached-feature path only: the encoder path (`finetune`) writes none "
+        "and says so when the run starts.")
     resume: bool = _key(
         False, "reliability", "`true`: go on from the last checkpoint of the run named by "
         "`run-name`.")

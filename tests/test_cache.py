@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ovalp_flwr.features import cache
+from ovalp_flwr.features.cache import build as cache_build
 from ovalp_flwr.features.cache import (
     CacheError,
     build_features,
@@ -149,7 +150,7 @@ def test_interrupted_build_leaves_nothing_trusted(
 ) -> None:
     """Interrupt after the train split is written. Killed: no cleanup runs (as with kill -9),
     so the temp folder stays behind; it must never be taken for the cache."""
-    real_write = cache._write_split
+    real_write = cache_build._write_split
     calls = []
 
     def crash_on_second(file, split):
@@ -158,9 +159,9 @@ def test_interrupted_build_leaves_nothing_trusted(
             raise KeyboardInterrupt("simulated interruption")
         return real_write(file, split)
 
-    monkeypatch.setattr(cache, "_write_split", crash_on_second)
+    monkeypatch.setattr(cache_build, "_write_split", crash_on_second)
     if killed:
-        monkeypatch.setattr(cache.shutil, "rmtree", lambda *a, **k: None)
+        monkeypatch.setattr(cache_build.shutil, "rmtree", lambda *a, **k: None)
     with pytest.raises(KeyboardInterrupt):
         load_or_build("digits", "pixels", tmp_path, progress=False)
     monkeypatch.undo()
@@ -177,7 +178,7 @@ def test_interrupted_build_leaves_nothing_trusted(
 
 def test_load_or_build_reuses_a_good_cache(built: Path, tmp_path: Path, monkeypatch) -> None:
     before = {p.name: p.stat().st_mtime_ns for p in built.iterdir()}
-    monkeypatch.setattr(cache, "_build", lambda *a, **k: pytest.fail("rebuilt a good cache"))
+    monkeypatch.setattr(cache_build, "_build", lambda *a, **k: pytest.fail("rebuilt a good cache"))
     features = load_or_build("digits", "pixels", tmp_path, progress=False)
     assert features.test.x.shape == (360, 64)
     assert {p.name: p.stat().st_mtime_ns for p in built.iterdir()} == before
@@ -207,7 +208,7 @@ def test_concurrent_builders_each_install_a_whole_cache(tmp_path: Path, build) -
 @pytest.mark.slow
 def test_concurrent_processes_share_one_first_build(tmp_path: Path) -> None:
     code = (
-        "import sys; from pathlib import Path; from ovalp_flwr import cache; "
+        "import sys; from pathlib import Path; from ovalp_flwr.features import cache; "
         "cache.load_or_build('digits', 'pixels', Path(sys.argv[1]), progress=False)"
     )
     procs = [
@@ -222,7 +223,7 @@ def test_loading_needs_no_timm(built: Path, tmp_path: Path) -> None:
     """A ClientApp loads features and checks the Lite0 or MiniLM identity without timm,
     torchvision or transformers (hub encoders' identities read timm's pretrained config)."""
     code = (
-        "import sys; from pathlib import Path; from ovalp_flwr import cache, encoders; "
+        "import sys; from pathlib import Path; from ovalp_flwr.features import cache, encoders; "
         "cache.load_features('digits', 'pixels', Path(sys.argv[1])); "
         "encoders.encoder_identity('efficientnet-lite0'); encoders.encoder_identity('minilm'); "
         "print(sorted(m for m in ('timm', 'torchvision', 'transformers') if m in sys.modules))"

@@ -15,7 +15,7 @@ from ovalp_flwr.data.registry import missing_data
 from ovalp_flwr.ops.preflight import PreflightError, check_run
 from ovalp_flwr.experiments.report import main as report_main
 from ovalp_flwr.federation.results import read_summary, write_run
-from ovalp_flwr.experiments.single_run import PLOT_FILE, iid_twin, summary_lines
+from ovalp_flwr.federation.single_run import PLOT_FILE, iid_twin, summary_lines
 
 APP = launch.PROJECT
 
@@ -87,7 +87,7 @@ def test_launchers_refuse_before_any_flower_process_starts(tmp_path, module, mis
     flwr_home = tmp_path / "flwr-home"
     run_config, says = (text.format(tmp=tmp_path) for text in MISTAKES[mistake])
     done = subprocess.run(
-        [sys.executable, "-m", f"ovalp_flwr.{module}", "--flwr-home", str(flwr_home), "--",
+        [sys.executable, "-m", f"ovalp_flwr.ops.{module}", "--flwr-home", str(flwr_home), "--",
          "--run-config", run_config],
         cwd=APP, capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr.splitlines(), done.stdout) == (2, [f"error: {says}"], "")

@@ -130,7 +130,7 @@ def test_a_secure_deployment_of_nodes_with_their_own_data_runs_secagg_and_person
     # the personalization phase ran on the real nodes; each keeps its model in its own dir.
     # (One method: they all travel the same way; every method's results through `flwr run`
     # are the in-process runner's, tests/test_launch.py, and each one's model files,
-    # tests/test_personalization.py.)
+    # tests/test_phase.py.)
     phase = summary["personalization"]
     assert list(phase["methods"]) == ["global", "ft"]
     assert all(len(result["clients"]) == 2 for result in phase["methods"].values())

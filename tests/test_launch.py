@@ -280,7 +280,7 @@ def test_flwr_run_packs_the_same_app_from_the_packable_folder(tmp_path):
     from flwr.cli.build import build_fab_from_disk
 
     with launch.packable_app(launch.PROJECT, tmp_path) as folder:
-        assert (folder / "ovalp_flwr" / "launch.py").is_file() and not (folder / ".venv").exists()
+        assert (folder / "ovalp_flwr" / "ops" / "launch.py").is_file() and not (folder / ".venv").exists()
         pyproject = folder / "pyproject.toml"  # a copy: Flower may rewrite a legacy one
         assert pyproject.stat().st_ino != (launch.PROJECT / "pyproject.toml").stat().st_ino
         assert build_fab_from_disk(folder) == build_fab_from_disk(launch.PROJECT)

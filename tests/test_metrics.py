@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ovalp_flwr.experiments.metrics import (acc_at, accuracy_curve, bytes_through, cost_to_round,
+from ovalp_flwr.federation.metrics import (acc_at, accuracy_curve, bytes_through, cost_to_round,
                                 first_round_at, relative_curve, start_and_rounds)
 
 

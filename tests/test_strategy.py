@@ -9,7 +9,8 @@ from ovalp_flwr.config import RunConfig
 from ovalp_flwr.ops.console import MARK
 from ovalp_flwr.federation.local_grid import InProcessGrid
 from ovalp_flwr.federation.rounds import make_strategy
-from ovalp_flwr.federation.strategy import ControlVariates, StagedFedAdam, StagedFedAvg
+from ovalp_flwr.federation.scaffold import ControlVariates
+from ovalp_flwr.federation.strategy import StagedFedAdam, StagedFedAvg
 
 
 def make_grid(num_nodes=4):

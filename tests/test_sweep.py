@@ -162,6 +162,20 @@ def test_a_run_made_under_another_default_is_not_reused():
         "ran with learning-rate=0.01, preset asks 0.05"  # the preset left it to the default
 
 
+def test_the_knobs_of_a_method_the_run_did_not_use_do_not_count():
+    """A run without personalization is the same run whatever own-heads' mu; one that ran
+    own-heads is not."""
+    from ovalp_flwr.config import RunConfig
+
+    ran = {k: v for k, v in RunConfig(seed=0).to_dict().items() if k != "pft.own-heads.mu"}
+    plain = RunSpec(0, (("method", "m"),), {"dataset": "digits", "seed": 0})
+    assert config_mismatch(plain, ran) is None
+    own = RunSpec(0, (("method", "m"),), {"dataset": "digits", "seed": 0,
+                                          "personalize": "own-heads"})
+    assert config_mismatch(own, {**ran, "personalize": "own-heads"}) == \
+        "ran with pft.own-heads.mu='(absent)', preset asks 1.0"
+
+
 def test_a_summary_from_before_a_key_existed_ran_what_came_before_it():
     """Runs made before the quantity-skew keys took the paper's recipe, today's defaults or not;
     runs made before `head-init` started from torch's random init."""

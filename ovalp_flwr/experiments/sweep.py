@@ -235,16 +235,23 @@ def config_mismatch(spec: RunSpec, ran: dict[str, Any]) -> str | None:
     The whole resolved config is compared, defaults included, so a run made before a default
     changed is not reused. A key the summary lacks was added after the run: the run had the
     behaviour from before the key existed (`BEFORE_THE_KEY`, else the key's default). Where
-    the run's files live and which device ran it do not change what it computed.
+    the run's files live and which device ran it do not change what it computed, nor do the
+    knobs of a personalization method the run did not use (`pft.<method>.<knob>`).
     """
-    wanted = RunConfig.from_mapping(spec.run_config).to_dict()
+    config = RunConfig.from_mapping(spec.run_config)
+    wanted, used = config.to_dict(), set(config.personalization_methods)
     before = {**RunConfig().to_dict(), **BEFORE_THE_KEY}
     for key, value in wanted.items():
-        if key in NOT_PART_OF_THE_RESULT:
+        if key in NOT_PART_OF_THE_RESULT or _unused_knob(key, used):
             continue
         if ran.get(key, before[key]) != value:
             return f"ran with {key}={ran.get(key, '(absent)')!r}, preset asks {value!r}"
     return None
+
+
+def _unused_knob(key: str, methods: set[str]) -> bool:
+    """`pft.<method>.<knob>` of a method not among `methods`."""
+    return key.startswith("pft.") and key.split(".")[1] not in methods
 
 
 def is_done(preset: Preset, spec: RunSpec, results_root: Path) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ovalp_flwr.core.durable import fsync_dir, write_durably
-from ovalp_flwr.experiments.single_run import PLOT_FILE, iid_twin, plot_run
+from ovalp_flwr.federation.single_run import PLOT_FILE, iid_twin, plot_run
 
 ROUND_COLUMNS = (
     "round", "accuracy", "stage", "train_loss", "clients_sampled", "clients_trained",

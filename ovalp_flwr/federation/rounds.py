@@ -12,9 +12,9 @@ import numpy as np
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.node import local_schedule
+from ovalp_flwr.federation.scaffold import ControlVariates
 from ovalp_flwr.federation.setup import num_partitions
-from ovalp_flwr.federation.strategy import (ControlVariates, ReplyCheck, Staged, StagedFedAdam,
-                                            StagedFedAvg)
+from ovalp_flwr.federation.strategy import ReplyCheck, Staged, StagedFedAdam, StagedFedAvg
 from ovalp_flwr.federation.validation import check_train_reply
 from ovalp_flwr.ops.console import say
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,9 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
     """One fine-tuning run; returns its results folder."""
     started = time.time()
     run_name = config.run_name or default_run_name(config.to_dict())
+    if config.checkpoint_every:  # resume is refused on this path (config), so none is written
+        say(WARNING, "finetune %s: no checkpoints on the encoder path (checkpoint-every=%d has "
+            "no effect here)", config.finetune, config.checkpoint_every)
     built = setup(config)
     initial = built.method.trainable_arrays(built.model)  # the seeded start (copies)
     nodes = wait_for_nodes(grid)

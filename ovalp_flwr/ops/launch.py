@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ovalp_flwr.ops.console import RunConsole, new_log_path, relative
 from ovalp_flwr.federation.results import read_summary
-from ovalp_flwr.experiments.single_run import iid_twin, summary_lines
+from ovalp_flwr.federation.single_run import iid_twin, summary_lines
 
 PROJECT = Path(__file__).resolve().parents[2]
 CONNECTION = "ovalp-local"

@@ -1,6 +1,9 @@
-"""A preset's personalization results (runs with `personalize`): the study's Table-2-style
-table (mean ± std over seeds), the distortion-vs-Global plot and the PFT-epoch curves.
-`ovalp_flwr.experiments.report` adds this section to a preset's report when its runs personalized.
+"""The personalization section of a preset's report (runs with `personalize`): the study's
+Table-2-style table (mean ± std over seeds), the distortion-vs-Global plot and the PFT-epoch
+curves, and `personalization.csv`.
+
+It reads the runs' summaries, not `RunResult`s: what personalization measured (per method,
+per PFT epoch) is only there. The document includes it when some run personalized.
 """
 
 from __future__ import annotations
@@ -9,10 +12,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ovalp_flwr.experiments.report.cells import label, stat
+from ovalp_flwr.experiments.report.plots import png, pyplot
+from ovalp_flwr.experiments.report.runs import Choices
 from ovalp_flwr.personalize.metrics import METRIC_NAMES
-from ovalp_flwr.experiments.report import _png, _pyplot, stat
 
-Choices = tuple[tuple[str, str], ...]
 Runs = dict[Choices, list[dict[str, Any]]]  # cell (axis choices) -> the seeds' summaries
 COLUMNS = ("local", "global", "c_std", "worst", "average", "distortion")
 PLOTS = ("distortion_vs_global.png", "pft_epochs.png")
@@ -39,10 +43,6 @@ def cell_text(xs: Sequence[float], decimals: int) -> str:
     return stat(xs).text(lambda x: f"{x:.{decimals}f}")
 
 
-def label(choices: Choices) -> str:
-    return ", ".join(choice for _, choice in choices) or "all runs"
-
-
 def table(runs: Runs) -> str:
     """Rows: each cell's methods; columns: the study's metrics (%) and Δ."""
     header = ["federation", "method", "seeds", *(METRIC_NAMES[c] + ("" if c == "distortion"
@@ -57,6 +57,8 @@ def table(runs: Runs) -> str:
 
 
 def table_csv(runs: Runs) -> str:
+    """`personalization.csv`: the table unrounded, mean and std apart (a federation's commas
+    become semicolons so it stays one field)."""
     rows = ["federation,method,seeds," + ",".join(f"{c}_mean,{c}_std" for c in COLUMNS)]
     for cell, summaries in runs.items():
         for method in methods_of({cell: summaries}):
@@ -106,7 +108,7 @@ def paired(runs: Runs, method: str, baseline: str) -> str:
 def distortion_plot(runs: Runs) -> bytes:
     """Global accuracy against feature distortion, one point per method (mean ± std over
     seeds), one panel per federation: the study's Figure, where less distortion keeps more."""
-    plt = _pyplot()
+    plt = pyplot()
     methods = methods_of(runs)
     cmap = plt.get_cmap("tab10")
     fig, axes = _panels(plt, len(runs))
@@ -127,7 +129,7 @@ def distortion_plot(runs: Runs) -> bytes:
 def epochs_plot(runs: Runs) -> bytes:
     """Local (solid, every epoch) and Global (dashed, at the curve epochs and the last) against
     the PFT epoch, from the global model's values at epoch 0: the study's overfitting curve."""
-    plt = _pyplot()
+    plt = pyplot()
     methods = [m for m in methods_of(runs)[1:]
                if all(len(s["personalization"]["methods"][m]["curve"]["local"]) > 1
                       for ss in runs.values() for s in ss if m in s["personalization"]["methods"])]
@@ -168,10 +170,11 @@ def _finish(plt: Any, fig: Any, axes: list[Any], ylabel: str, heading: str) -> b
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, title="method", loc="outside right center", frameon=False)
     fig.suptitle(heading)
-    return _png(plt, fig)
+    return png(plt, fig)
 
 
 def _mean_curve(curves: list[list[float]]) -> list[float]:
+    """The seeds' mean in percent, over the epochs every seed has."""
     length = min(len(c) for c in curves)
     return [100 * sum(c[e] for c in curves) / len(curves) for e in range(length)]
 
@@ -191,16 +194,22 @@ def _global_curve(summaries: list[dict], method: str) -> tuple[list[int], list[f
     return epochs, [100 * sum(points[e]) / len(points[e]) for e in epochs]
 
 
-def section(runs: Runs) -> tuple[str, dict[str, bytes], str]:
-    """The report's personalization section (Markdown), its plots, and `personalization.csv`."""
-    text = ("## Personalization\n\n" + DEFINITIONS + "\n### Table (mean ± std over seeds)\n\n"
+def markdown(runs: Runs) -> str:
+    """The report's section: what personalization is, its tables, and its plots' links."""
+    return ("## Personalization\n\n" + DEFINITIONS + "\n### Table (mean ± std over seeds)\n\n"
             + table(runs) + "\n### Against the global model\n\n" + versus_global(runs)
-            + _section("LP-FT against FT (paired by seed)", paired(runs, "lp-ft", "ft"))
+            + _subsection("LP-FT against FT (paired by seed)", paired(runs, "lp-ft", "ft"))
             + "\n" + "".join(f"![{p}]({p})\n" for p in PLOTS))
-    return text, {PLOTS[0]: distortion_plot(runs), PLOTS[1]: epochs_plot(runs)}, table_csv(runs)
 
 
-def _section(heading: str, body: str) -> str:
+def files(runs: Runs) -> dict[str, bytes | str]:
+    """The files the section links or names: its two plots and `personalization.csv`."""
+    return {PLOTS[0]: distortion_plot(runs), PLOTS[1]: epochs_plot(runs),
+            "personalization.csv": table_csv(runs)}
+
+
+def _subsection(heading: str, body: str) -> str:
+    """A `###` block, left out when it has nothing to say (no run has both methods)."""
     return f"\n### {heading}\n\n{body}" if body else ""
 
 

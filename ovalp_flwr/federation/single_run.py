@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ovalp_flwr.config import NOT_PART_OF_THE_RESULT
-from ovalp_flwr.experiments.metrics import ACC_AT_FRACTION, first_round_at, relative_curve, start_and_rounds
+from ovalp_flwr.federation.metrics import ACC_AT_FRACTION, first_round_at, relative_curve, start_and_rounds
 
 PLOT_FILE = "accuracy.png"
 # what a partition is made of: a twin differs from its run in these keys (and where it lives)
