@@ -1,13 +1,13 @@
 """Flower ClientApp: wiring only. The path a message takes is chosen here, once: the cached
 features (`ovalp_flwr.ova.client`, `finetune = "none"`) or the encoder (`ovalp_flwr.finetune.client`)."""
 
-import importlib
 from types import ModuleType
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ovalp_flwr.federation.chaos import chaos_mod
+from ovalp_flwr.finetune import client as encoder_path
 from ovalp_flwr.ova import client as feature_path
 
 
@@ -15,8 +15,7 @@ def path_of(context: Context) -> ModuleType:
     """The module whose handlers serve this run."""
     if context.run_config.get("finetune", "none") == "none":
         return feature_path
-    # imported on the encoder path's first message only: transformers and peft take seconds
-    return importlib.import_module("ovalp_flwr.finetune.client")
+    return encoder_path
 
 
 def handler(name: str):

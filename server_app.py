@@ -13,6 +13,7 @@ from ovalp_flwr.config import ConfigError, RunConfig
 from ovalp_flwr.features.cache import CacheError
 from ovalp_flwr.features.encoders import EncoderError, WeightsUnavailable
 from ovalp_flwr.federation.exchange import FederationError
+from ovalp_flwr.finetune.server import run_finetune
 from ovalp_flwr.ova.server import run_ova
 
 
@@ -20,8 +21,6 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     """One run on `grid`; returns its results folder."""
     if config.finetune == "none":
         return run_ova(grid, config)
-    from ovalp_flwr.finetune.server import run_finetune  # transformers and peft: this path only
-
     return run_finetune(grid, config)
 
 

@@ -8,7 +8,10 @@ turns them into docs/config.md. Validating imports no torch.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import sys
+import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -17,9 +20,10 @@ from typing import Any
 from ovalp_flwr.data.noise import NOISE_KINDS
 from ovalp_flwr.data.registry import dataset_modality
 from ovalp_flwr.features.modalities import ENCODER_MODALITY
-from ovalp_flwr.personalize.hyperparameters import (HYPERPARAMETERS, METHOD_NAMES,
+from ovalp_flwr.personalize.hyperparameters import (HYPERPARAMETERS, METHOD_DOCS, METHOD_NAMES,
                                                     PFT_OPTIMIZERS, FineTuning,
-                                                    HyperparameterError, parse_hyperparameters)
+                                                    HyperparameterError, own_knobs,
+                                                    parse_hyperparameters)
 
 HEADS = ("ova", "softmax")
 SCHEDULES = ("two-stage", "single-stage")
@@ -594,7 +598,6 @@ def key_docs() -> list[KeyDoc]:
 
 def pyproject_defaults(pyproject: Path = PYPROJECT) -> dict[str, Any]:
     """`[tool.flwr.app.config]`, nested tables flattened to dotted keys as Flower does."""
-    import tomllib
 
     def flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -611,8 +614,6 @@ def pyproject_defaults(pyproject: Path = PYPROJECT) -> dict[str, Any]:
 def markdown(defaults: Mapping[str, Any] | None = None) -> str:
     """docs/config.md: every key by section, with its type, its default (pyproject's), the
     values validation allows where it lists them, and its description."""
-    from ovalp_flwr.personalize.hyperparameters import METHOD_DOCS, own_knobs
-
     defaults = pyproject_defaults() if defaults is None else defaults
     keys = key_docs()
     try:
@@ -694,9 +695,6 @@ def _slug(title: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-    import sys
-
     parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.config",
                                      description="The run-config reference (docs/config.md).")
     parser.add_argument("--markdown", action="store_true", required=True,

@@ -176,6 +176,7 @@ def _first_per_class(labels: np.ndarray, limit: int | None) -> np.ndarray:
 
 def _stratified_split(labels: np.ndarray, dataset: str) -> tuple[np.ndarray, np.ndarray]:
     """Seeded stratified 80/20 train/test indices (scikit-learn's, as digits always used)."""
+    # late: scikit-learn (~1 s), only a split needs it; the ClientApp imports this module
     from sklearn.model_selection import train_test_split
 
     try:
@@ -277,7 +278,7 @@ def _decode_images(tree: _Tree, paths: Sequence[str], dataset: str) -> np.ndarra
     Sequential on purpose: for small JPEGs the cost is mostly PIL's Python-side work under the
     GIL, and 2-4 threads measured slower than this loop (cifar10, 2 cores: 10-13 s vs 8-11 s).
     """
-    from PIL import Image
+    from PIL import Image  # late: PIL (~15 ms); only decoding needs it, not config/launcher
 
     out = np.empty((len(paths), 0, 0, 3), dtype=np.uint8)
     for i, path in enumerate(paths):

@@ -114,7 +114,7 @@ def _pinned(*values: Any) -> tuple[tuple[Any, Any], ...]:
 
 def _defocus_image(img: np.ndarray, *, radius: float, alias_blur: float, **_: Any) -> np.ndarray:
     """albumentations' own defocus kernel, which takes a fractional radius."""
-    from albumentations.augmentations.blur.functional import defocus
+    from albumentations.augmentations.blur.functional import defocus  # late: albumentations, ~2 s
 
     return defocus(img, radius, alias_blur)
 
@@ -156,8 +156,9 @@ def _hendrycks_snow_class() -> type[BasicTransform]:
     layer to all three HSV channels (a hue shift of up to ~50 degrees) and wraps bright
     pixels past 255 to black; its "bleach" method is a fixed, non-random brightening."""
     A = _albumentations()
+    # late: albumentations takes ~2 s; only corrupting images needs it
     from albumentations.augmentations.blur.functional import central_zoom
-    from albumentations.augmentations.pixel.functional import convolve
+    from albumentations.augmentations.pixel.functional import convolve  # late: likewise
 
     class HendrycksSnow(A.ImageOnlyTransform):  # type: ignore[misc,valid-type]
         def __init__(self, loc: float, scale: float, zoom: float, threshold: float,
@@ -313,7 +314,7 @@ def _albumentations() -> Any:
     """albumentations, imported on first use; its PyPI update check is switched off (a
     network call at import)."""
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-    import albumentations
+    import albumentations  # late: ~2 s to import; only corrupting images needs it
 
     return albumentations
 

@@ -47,6 +47,7 @@ from ovalp_flwr.data import files
 from ovalp_flwr.data.base import (DATA_FILES, SPLIT_SEED, TEST_FRACTION, Dataset, ImageDataset,
                                   ImageSplit, Loader, TextDataset, _first_per_class, _open_tree,
                                   _require)
+from ovalp_flwr.data.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def _rgb(images: np.ndarray) -> np.ndarray:
 
 def _resize(images: np.ndarray, size: int) -> np.ndarray:
     """uint8 RGB [N, h, w, 3] -> [N, size, size, 3] (PIL bilinear, antialiased when shrinking)."""
-    from PIL import Image
+    from PIL import Image  # late: PIL (~15 ms); only decoding needs it, not config/launcher
 
     if images.shape[1:3] == (size, size):
         return images
@@ -93,6 +94,7 @@ def _stratified_draw(labels: np.ndarray, train_size: int, test_size: int | None,
                      ) -> list[np.ndarray]:
     """Sorted row indices of a seeded stratified draw of `train_size` rows (and, disjoint from
     it, of `test_size`), by scikit-learn's splitter."""
+    # late: scikit-learn (~1 s), only a draw needs it; the ClientApp imports this module
     from sklearn.model_selection import train_test_split
 
     if test_size is None and train_size >= len(labels):
@@ -223,7 +225,7 @@ def _office_domain_files(tree, domain: str, classes: tuple[str, ...], limit: int
 
 def _decode_squares(tree, paths: Sequence[str], dataset: str) -> np.ndarray:
     """Decode and squash every photo to OFFICE_SIZE x OFFICE_SIZE RGB."""
-    from PIL import Image
+    from PIL import Image  # late: PIL (~15 ms); only decoding needs it, not config/launcher
 
     out = np.empty((len(paths), OFFICE_SIZE, OFFICE_SIZE, 3), dtype=np.uint8)
     for i, path in enumerate(paths):
@@ -249,8 +251,6 @@ class CorruptedName:
 
     @classmethod
     def parse(cls, name: str) -> CorruptedName:
-        from ovalp_flwr.data.corruptions import CORRUPTIONS, SEVERITIES
-
         parts = name[len(CORRUPTED_PREFIX):].split(":")
         usage = (f"dataset {name!r} is not allowed; use cifar10-c:<severity> (every corruption, "
                  f"one share each) or cifar10-c:<corruption>:<severity>, severity in "
@@ -265,9 +265,7 @@ class CorruptedName:
 
 def _cifar10_c(name: str, data_dir: Path, limit_per_class: int | None) -> ImageDataset:
     """CIFAR-10 with each share of its rows under one corruption (train and test alike)."""
-    from tqdm.auto import tqdm
-
-    from ovalp_flwr.data.corruptions import corrupt
+    from tqdm.auto import tqdm  # late: tqdm.auto (~50 ms with asyncio); config imports this module
 
     spec = CorruptedName.parse(name)
     clean = files.cifar10(data_dir, limit_per_class=limit_per_class)

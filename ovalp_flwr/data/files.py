@@ -17,6 +17,7 @@ from ovalp_flwr.data.base import (AG_NEWS_CLASSES, DATA_FILES, ImageDataset, Ima
 
 def digits(data_dir: Path, *, limit_per_class: int | None = None) -> ImageDataset:
     """scikit-learn's bundled 8x8 digits (offline): values 0..16 -> 0..255, grey -> RGB."""
+    # late: scikit-learn (~1 s); the ClientApp imports this module
     from sklearn.datasets import load_digits
 
     bunch = load_digits()

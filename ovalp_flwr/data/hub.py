@@ -133,7 +133,7 @@ def load_hub_dataset(
 
 def _fetch_from_hub(spec: HubSpec, split: str) -> hf.Dataset:
     """One split through HF `datasets` (downloaded once into its cache)."""
-    import datasets
+    import datasets  # late: HF datasets (~1 s); only hub datasets need it
 
     return datasets.load_dataset(spec.repo, spec.config, split=split)
 
@@ -180,7 +180,7 @@ def _where(spec: HubSpec, split: str) -> str:
 
 def _check_schema(name: str, spec: HubSpec, split: str, ds: Any) -> tuple[str, ...]:
     """The split's ClassLabel names, after checking columns and types against the spec."""
-    import datasets as hf
+    import datasets as hf  # late: HF datasets (~1 s); only hub datasets need it
 
     where = f"dataset {name!r}: {_where(spec, split)}"
     if not isinstance(ds, hf.Dataset):
@@ -349,7 +349,7 @@ class HubImages(Sequence[np.ndarray]):
 def square_crop(image: PILImage, size: int) -> PILImage:
     """Shorter side to `size` (bicubic), then the centre `size` x `size` crop (offsets rounded
     down), so images of any size batch together; the encoder then applies its own resize."""
-    from PIL import Image
+    from PIL import Image  # late: PIL (~15 ms); only hub images need it, not config/launcher
 
     w, h = image.size
     scale = size / min(w, h)

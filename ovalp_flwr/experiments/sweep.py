@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ovalp_flwr.config import NOT_PART_OF_THE_RESULT, ConfigError, RunConfig
+from ovalp_flwr.ops import launch
 from ovalp_flwr.ops.console import quiet_flower
 from ovalp_flwr.ops.launch import sigterm_unwinds
 from ovalp_flwr.federation.results import read_summary
@@ -145,7 +146,9 @@ def load_preset(path: Path) -> Preset:
     axes = raw.get("axes", {})
     if not axes or not all(isinstance(c, dict) and c for c in axes.values()):
         raise PresetError(f"preset {path}: needs [axes.<name>] tables with at least one choice")
-    from flwr.common.config import flatten_dict  # dotted keys (pft.<method>.<knob>), as Flower
+    # late: Flower (~0.4 s); the report imports this module and, for one run, reads no preset.
+    # flatten_dict: dotted keys (pft.<method>.<knob>), as Flower flattens them
+    from flwr.common.config import flatten_dict
 
     preset = Preset(Path(path).stem, Path(path), head.get("description", ""), num_supernodes,
                     seeds, flatten_dict(raw.get("config", {})),
@@ -214,10 +217,9 @@ def run_one(preset: Preset, spec: RunSpec, results_root: Path, runner: str) -> P
     out_dir = preset.results_dir(results_root)
     run_config = {**spec.run_config, "run-name": spec.name, "results-dir": str(out_dir)}
     if runner == "local":
-        from ovalp_flwr.federation.local_grid import run_local
+        from ovalp_flwr.federation.local_grid import run_local  # late: apps and torch, ~2 s
 
         return run_local(run_config, preset.num_supernodes)
-    from ovalp_flwr.ops import launch
 
     with contextlib.redirect_stdout(io.StringIO()) as shown:  # the sweep's line per run says it
         code = launch.simulate(launch.PROJECT, preset.num_supernodes,
@@ -265,7 +267,7 @@ def is_done(preset: Preset, spec: RunSpec, results_root: Path) -> bool:
 
 def sweep(preset: Preset, specs: list[RunSpec], results_root: Path, runner: str) -> list[str]:
     """Run what is missing, in order; returns the names of runs that failed (others go on)."""
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # late: ~40 ms (asyncio); the report imports this module too
 
     failed = []
     todo = [s for s in specs if not is_done(preset, s, results_root)]

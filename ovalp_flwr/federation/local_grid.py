@@ -18,10 +18,15 @@ from typing import Any
 import numpy as np
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.config import flatten_dict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
+
+from client_app import app as flower_client_app  # the same ClientApp `flwr run` loads
+from ovalp_flwr.config import RunConfig
+from server_app import run_server
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -29,8 +34,6 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 def app_config(pyproject: Path = PYPROJECT) -> dict[str, Any]:
     """The `[tool.flwr.app.config]` defaults, as `context.run_config` would hold them (nested
     tables flattened to dotted keys, as Flower does)."""
-    from flwr.common.config import flatten_dict
-
     return flatten_dict(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
 
 
@@ -109,12 +112,8 @@ class InProcessGrid(Grid):
 def run_local(overrides: dict[str, Any], num_clients: int,
               node_configs: list[dict[str, Any]] | None = None) -> Path:
     """A whole run (ServerApp logic + the real ClientApp) in this process; returns results dir."""
-    from client_app import app as client_app  # the same ClientApp `flwr run` loads
-    from ovalp_flwr.config import RunConfig
-    from server_app import run_server
-
     run_config = {**app_config(), **overrides}
     config = RunConfig.from_mapping(run_config)
-    grid = InProcessGrid(client_app, num_clients, run_config, seed=config.seed,
+    grid = InProcessGrid(flower_client_app, num_clients, run_config, seed=config.seed,
                          node_configs=node_configs)
     return run_server(grid, config)

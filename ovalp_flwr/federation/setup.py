@@ -18,6 +18,7 @@ from ovalp_flwr.config import RunConfig
 from ovalp_flwr.features.cache import CachedFeatures
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.exchange import CountingGrid, FederationError, SetupCosts, exchange
+from ovalp_flwr.federation.secure_sum import secure_statistics
 from ovalp_flwr.federation.strategy import message_bytes
 from ovalp_flwr.federation.validation import check_description, check_moments, check_statistics
 from ovalp_flwr.ops.console import say
@@ -36,8 +37,6 @@ class StatisticsSum:
     def add_secure(self, grid: Grid, clients: dict[int, dict], request: dict, num_features: int,
                    costs: SetupCosts) -> None:
         """Flower's SecAgg+ (`secure_sum`): only the sum and the sample counts are seen."""
-        from ovalp_flwr.federation.secure_sum import secure_statistics
-
         sizes = {node: int(c[p.NUM_EXAMPLES]) for node, c in clients.items()}
         counted = CountingGrid(grid)
         started = time.perf_counter()

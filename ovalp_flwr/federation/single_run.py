@@ -41,10 +41,10 @@ def iid_twin(results_dir: Path, summary: dict[str, Any]) -> dict[str, Any] | Non
 
 def plot_run(summary: dict[str, Any], twin: dict[str, Any] | None = None) -> bytes:
     """Accuracy per round (round 0 = the start), and R(t) when the IID twin is given."""
-    import matplotlib
+    import matplotlib  # late: ~1 s with pyplot; only plots need it, not the launcher
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # late: likewise, and after the Agg backend is set
 
     curve = start_and_rounds(summary)
     config = summary["config"]

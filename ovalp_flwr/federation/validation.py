@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ovalp_flwr.core.head_init.statistics import WIRE_DTYPE
 from ovalp_flwr.federation import protocol as p
 
 TRAIN_METRICS = (p.NUM_EXAMPLES, p.TRAIN_LOSS, p.TRAIN_SECONDS, p.LOCAL_STEPS)
@@ -89,8 +90,6 @@ def check_statistics(arrays: Mapping[str, np.ndarray], num_classes: int, num_fea
                      num_examples: int) -> str | None:
     """Class statistics in their wire form (`ClassStatistics.to_arrays`): the run's K and D,
     finite, counts that are whole, non-negative and add up to the node's samples."""
-    from ovalp_flwr.core.head_init.statistics import WIRE_DTYPE
-
     k, d = num_classes, num_features
     expected = {"counts": np.zeros(k, WIRE_DTYPE), "sums": np.zeros((k, d), WIRE_DTYPE),
                 "square-norms": np.zeros(k, WIRE_DTYPE)}

@@ -50,7 +50,7 @@ def import_peft():
     """peft imports transformers' model classes, which import torchvision: the same guard as
     timm's (`timm_compat`)."""
     import_timm()
-    import peft
+    import peft  # late: ~4 s with transformers, after the guard; only LoRA methods need it
 
     return peft
 

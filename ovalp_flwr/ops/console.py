@@ -33,7 +33,7 @@ TAIL_LINES = 12  # what a failed run shows of its log
 
 def say(level: int, message: str, *args: object) -> None:
     """Log a line the launcher shows by default (Flower's logger, as the rest of the run)."""
-    from flwr.supercore import log
+    from flwr.supercore import log  # late: Flower (~0.4 s); the launchers import this module
 
     log(level, MARK + message, *args)
 
@@ -42,7 +42,7 @@ def quiet_flower() -> None:
     """For in-process runs that say a line per run (sweeps, benchmarks): Flower's INFO per
     round and its warning that federated evaluation is off (the server evaluates centrally)
     would bury it. Flower sets its logger to DEBUG when first imported, so import it first."""
-    from flwr.supercore.logger import FLOWER_LOGGER
+    from flwr.supercore.logger import FLOWER_LOGGER  # late: Flower (~0.4 s), as in `say`
 
     FLOWER_LOGGER.setLevel(logging.ERROR)
 

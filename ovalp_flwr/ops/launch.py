@@ -216,8 +216,9 @@ def app_files(app: Path) -> dict[str, Path]:
     """What `flwr run <app>` packs from `app`, before its FAB rules: Flower's own publish
     filter (.gitignore, file types) over a walk that skips the folders that filter drops
     whole (`.venv/`, `.flwr/`, `__pycache__/`) instead of listing them file by file."""
+    # late: flwr.cli (~0.6 s); only packing an app needs it (not the report, via sweep)
     from flwr.cli.utils import build_pathspec, filter_paths_for_publish
-    from flwr.supercore.constant import APP_PUBLISH_EXCLUDE_PATTERNS
+    from flwr.supercore.constant import APP_PUBLISH_EXCLUDE_PATTERNS  # late: likewise
 
     dropped = build_pathspec(APP_PUBLISH_EXCLUDE_PATTERNS)
     files: dict[str, Path] = {}
@@ -335,7 +336,7 @@ def sigterm_unwinds() -> Iterator[None]:
 
 
 def _has_cuda() -> bool:
-    import torch
+    import torch  # late: ~1 s; only a run without --num-gpus asks
 
     return torch.cuda.is_available()
 
@@ -362,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
 def preflight(app: Path, flwr_args: list[str]) -> bool:
     """The run config and data checked before any Flower process starts; False (and one
     line on stderr) when the run cannot work."""
+    # late: preflight imports Flower's config parser (~0.4 s); sweep and the report import this
     from ovalp_flwr.ops.preflight import PreflightError, check_run
 
     try:

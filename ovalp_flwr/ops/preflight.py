@@ -15,7 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from click import ClickException
+from flwr.common.config import flatten_dict, get_project_config, parse_config_args
+
 from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.data.registry import missing_data
 
 RUN_CONFIG_FLAGS = ("--run-config", "-c")
 
@@ -39,8 +43,6 @@ def run_config_overrides(flwr_args: Sequence[str]) -> list[str]:
 
 def app_defaults(app: Path) -> dict[str, Any]:
     """The app's `[tool.flwr.app.config]`, flattened as Flower flattens it."""
-    from flwr.common.config import flatten_dict, get_project_config
-
     try:
         project = get_project_config(app)
     except (FileNotFoundError, ValueError) as err:
@@ -50,9 +52,6 @@ def app_defaults(app: Path) -> dict[str, Any]:
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """Flower's own parsing of `--run-config` (TOML values, or one .toml file)."""
-    from click import ClickException
-    from flwr.common.config import parse_config_args
-
     try:
         return parse_config_args(overrides or None)
     except ClickException as err:
@@ -78,8 +77,8 @@ def check_data(config: RunConfig, app: Path) -> None:
 
     Relative paths are the app's (Flower runs the apps in the app's folder).
     """
+    # late: the feature cache imports torch (~1.5 s): a bad run config is reported before it
     from ovalp_flwr.features.cache import CacheError, cache_path, load_features
-    from ovalp_flwr.data.registry import missing_data
 
     cache_dir = Path(config.feature_cache_dir)
     cache_dir = cache_dir if cache_dir.is_absolute() else app / cache_dir

@@ -13,6 +13,9 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.client.mod import secaggplus_mod
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.compat.common import recorddict_compat as compat
 
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.devices import one_cpu_thread, resolve_device
@@ -105,17 +108,12 @@ def secure_statistics_mod(msg: Message, context: Context, call_next) -> Message:
     `_statistics_fitres` returns; every other message goes on to the handlers untouched."""
     if msg.metadata.message_type != "train" or p.SECAGG_CONFIGS not in msg.content.config_records:
         return call_next(msg, context)
-    from flwr.client.mod import secaggplus_mod  # only for this exchange: a light ClientApp
-
     return secaggplus_mod(msg, context, _statistics_fitres)
 
 
 def _statistics_fitres(msg: Message, context: Context) -> Message:
     """The requested statistics per sample, as the legacy FitRes that SecAgg+ masks; a client
     whose statistics exceed the clipping range refuses instead of being clipped."""
-    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-    from flwr.compat.common import recorddict_compat as compat
-
     request = compat.recorddict_to_fitins(msg.content, keep_input=True).config
     config = run_config(context)
     stats = client_statistics(config, context, request, str(request.get(p.NORM_DIGEST, "")))

@@ -20,6 +20,9 @@ from ovalp_flwr.core.heads import accuracy, loss_for
 from ovalp_flwr.core.model import FeatureModel
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.node import node_partition
+from ovalp_flwr.personalize.base import LocalData, Task
+from ovalp_flwr.personalize.methods import make_personalizer
+from ovalp_flwr.personalize.store import write_model
 
 
 def personalization_reply(msg: Message, context: Context, config: RunConfig, global_model,
@@ -28,8 +31,6 @@ def personalization_reply(msg: Message, context: Context, config: RunConfig, glo
                           arrays_of: Callable[[FeatureModel], dict[str, np.ndarray]]) -> Message:
     """Run the requested method on `global_model` (the heads on features, or an encoder:
     `finetune.client`) and build the reply; `arrays_of(model)` is what of a model travels."""
-    from ovalp_flwr.personalize import LocalData, Task, make_personalizer  # torch-heavy: late
-
     request = msg.content[p.CONFIG]
     method = str(request[p.METHOD])
     (features, labels), (test_x, test_y) = train_rows, test_rows
@@ -72,8 +73,6 @@ def save_personalized(context: Context, run_name: str, method: str,
                       arrays: dict[str, np.ndarray]) -> str:
     """`<model-dir>/<run-name>/<method>.safetensors`, atomically, if the node config names a
     model dir (a deployed node keeps its model); returns the path, or "" when not kept."""
-    from ovalp_flwr.personalize.store import write_model
-
     model_dir = context.node_config.get("model-dir")
     if not model_dir:
         return ""

@@ -8,6 +8,8 @@ import numpy as np
 
 from ovalp_flwr.core.head_init.calibration import calibrate
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
+from ovalp_flwr.core.heads import build_head
+from ovalp_flwr.core.model import model_to_numpy
 
 Head = tuple[np.ndarray, np.ndarray]  # weight [K, D] float32, bias [K] float32
 
@@ -42,9 +44,6 @@ class RandomInit(HeadInit):
     name = "random"
 
     def linear_head(self, stats, num_features, num_classes, seed) -> Head:
-        from ovalp_flwr.core.heads import build_head
-        from ovalp_flwr.core.model import model_to_numpy
-
         arrays = model_to_numpy(build_head(num_features, num_classes, seed))
         return arrays["weight"], arrays["bias"]
 

@@ -25,10 +25,10 @@ PLOTS = ("curves.png", "relative.png", "r_final.png", "ceiling.png", "domains.pn
 def pyplot() -> Any:
     """matplotlib's pyplot on the Agg backend (no display); imported here, not at the top,
     to keep it out of start-up."""
-    import matplotlib
+    import matplotlib  # late: matplotlib takes ~1 s to import; only plots need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # late: after the Agg backend is set
 
     return plt
 

@@ -21,6 +21,8 @@ import numpy as np
 from safetensors.numpy import save as st_save
 
 from ovalp_flwr.core.durable import fsync_dir, write_durably
+from ovalp_flwr.data.domains import relabelling
+from ovalp_flwr.data.registry import dataset_modality, load_dataset
 from ovalp_flwr.features.cache.layout import (cache_path, CachedFeatures, CacheError, FeatureSet,
                                               FORMAT_VERSION, load_features, logger, MANIFEST,
                                               SPLITS, _identity, _options)
@@ -102,9 +104,6 @@ def _build(
     *,
     replace: bool,
 ) -> CachedFeatures:
-    from ovalp_flwr.data.registry import dataset_modality
-    from ovalp_flwr.data.domains import relabelling
-
     _identity(encoder, opts)  # unknown names and bad options fail before any data is read
     if dataset_modality(dataset) != encoder_modality(encoder):  # ... and so does a mismatch
         raise CacheError(
@@ -128,8 +127,6 @@ def _build(
 def _encoded(dataset: str, encoder: str, limit_per_class: int | None, opts: EncoderOptions,
              settings: BuildSettings) -> tuple[dict[str, FeatureSet], dict[str, Any]]:
     """Load the dataset and encode both splits: the features and the manifest to be."""
-    from ovalp_flwr.data.registry import load_dataset
-
     clock = time.perf_counter()
     data = load_dataset(dataset, data_dir=settings.data_dir, limit_per_class=limit_per_class)
     load_seconds = time.perf_counter() - clock
@@ -172,8 +169,6 @@ def _relabelled(dataset: str, encoder: str, cache_dir: Path, limit_per_class: in
                 ) -> tuple[dict[str, FeatureSet], dict[str, Any]]:
     """A concept shift's cache from its base's (built first if absent): the same features,
     each concept's labels. Nothing is encoded twice; the manifest names the base's files."""
-    from ovalp_flwr.data.domains import relabelling
-
     spec = relabelling(dataset)
     base = load_or_build(spec.base, encoder, cache_dir, limit_per_class=limit_per_class,
                          data_dir=settings.data_dir, device=settings.device,

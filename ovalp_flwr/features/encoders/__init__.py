@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from ovalp_flwr.core.devices import resolve_device
 from ovalp_flwr.features.encoders._common import (
@@ -237,7 +238,12 @@ def load_encoder(
             f"encoder {name!r}: dtype='fp16' is not allowed on {torch_device.type} "
             f"(autocast there runs bf16 only); choose one of: fp32, bf16"
         )
-    encoder = spec.build(name, opts, torch_device)
+    try:
+        encoder = spec.build(name, opts, torch_device)
+    except WeightsUnavailable as err:  # what works without the hub, said where it is known
+        raise WeightsUnavailable(
+            f"{err.reason}; offline encoders: {', '.join(offline_encoders())}", err.hint
+        ) from err.__cause__
     encoder.batch_size = batch_size
     return encoder
 
@@ -261,8 +267,6 @@ def encode_all(
     Texts go in length order (less padding per batch) and come back in input order; in eval
     mode with an attention mask a text's features do not depend on its batch-mates.
     """
-    from tqdm.auto import tqdm
-
     n = len(inputs)
     order = (
         np.argsort([len(t) for t in inputs], kind="stable") if encoder.modality == "text" else None

@@ -34,7 +34,15 @@ class EncoderError(ValueError):
 
 
 class WeightsUnavailable(RuntimeError):
-    """Hub weights could not be fetched (no network, no local copy)."""
+    """Hub weights could not be fetched (no network, no local copy).
+
+    `reason` is what failed, `hint` what else the caller can do; `load_encoder` (the registry,
+    which this module cannot import) adds the offline encoders between the two.
+    """
+
+    def __init__(self, reason: str, hint: str = "") -> None:
+        super().__init__(reason + hint)
+        self.reason, self.hint = reason, hint
 
 
 @dataclass(frozen=True)
@@ -142,14 +150,14 @@ def _check_dim(name: str, model_dim: int, declared: int) -> None:
 
 
 def _hub_local_copy(name: str, repo_id: str, filename: str, hint: str = "") -> str | None:
-    """A cached copy's path, or None when the hub answers; else one line saying what exists.
+    """A cached copy's path, or None when the hub answers; else WeightsUnavailable, one line
+    (to which `load_encoder` adds what exists offline).
 
     One metadata request without retries decides, so a machine without the hub fails in
     well under a second instead of huggingface_hub's retry loop (~50 s).
     """
+    # late: huggingface_hub (~60 ms); only hub encoders need it, and every ClientApp loads this
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
-
-    from ovalp_flwr.features.encoders import offline_encoders  # the registry imports this module
 
     cached = try_to_load_from_cache(repo_id, filename)
     if isinstance(cached, str):
@@ -162,8 +170,7 @@ def _hub_local_copy(name: str, repo_id: str, filename: str, hint: str = "") -> s
         reason = (str(err).splitlines() or [type(err).__name__])[0][:160]
         raise WeightsUnavailable(
             f"encoder {name!r}: could not fetch its weights from the Hugging Face hub "
-            f"({repo_id}/{filename}: {type(err).__name__}: {reason}); "
-            f"offline encoders: {', '.join(offline_encoders())}{hint}"
+            f"({repo_id}/{filename}: {type(err).__name__}: {reason})", hint
         ) from err
     return None
 

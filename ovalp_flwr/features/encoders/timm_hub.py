@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +105,7 @@ class TimmHubSpec:
         hint = "; or pass weights_file=<local checkpoint>"
         file = opts.weights_file or _hub_local_copy(name, hub_id, "model.safetensors", hint)
         if file is None:  # the hub answered: download (with huggingface_hub's retries)
-            from huggingface_hub import hf_hub_download
+            from huggingface_hub import hf_hub_download  # late: ~60 ms, as in _hub_local_copy
 
             file = hf_hub_download(hub_id, "model.safetensors")
         with _complete_timm_load(name, str(file)):
@@ -124,8 +125,6 @@ class TimmHubSpec:
 def _complete_timm_load(name: str, file: str) -> Iterator[None]:
     """timm loads non-strictly once the classifier is dropped and only logs what did not fit;
     here any missing or unexpected backbone key is an error."""
-    import logging
-
     class Catch(logging.Handler):
         def __init__(self) -> None:
             super().__init__(logging.INFO)
