@@ -235,3 +235,29 @@ def test_a_flora_node_that_lost_its_state_refuses_to_train(tmp_path):
     content = RecordDict({MERGED: ConfigRecord({"merged": 2})})
     with pytest.raises(RuntimeError, match="lost its state"):
         built.method.merge_pending(built.model, content, RecordDict())
+
+
+def test_the_partitions_are_drawn_once_per_process(tmp_path, monkeypatch):
+    """The server's summary, every node's describe, rows and test split share one draw per
+    partition scheme and client count (it was drawn four times per node)."""
+    calls = []
+    original = finetune_client.partitions
+
+    def counted(*args, **kwargs):
+        calls.append(args[2])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(finetune_client, "partitions", counted)
+    finetune_client._SETUP.clear()
+    run(tmp_path, finetune="lp", personalize="ft", **{"pft-epochs": 1})
+    assert calls == [4]
+
+
+def test_the_encoder_path_scores_every_domain(tmp_path):
+    """On a multi-domain dataset the encoder path reports per-domain accuracy, as the cached
+    path does."""
+    summary, _, built = run(tmp_path, finetune="lp", dataset="concept:digits")
+    names = built.data.domain_names
+    assert len(names) > 1
+    assert set(summary["domain_accuracy"]["final"]) == set(names)
+    assert all(set(r["domain_accuracy"]) == set(names) for r in summary["rounds"])

@@ -342,3 +342,29 @@ def test_the_embedded_default_keeps_the_papers_claims_under_shard1(lite0_cache, 
     softmax = default_final_accuracy(lite0_cache, tmp_path, partition="shard", head="softmax",
                                      **raw)
     assert ova > softmax + 0.05
+
+
+def test_clients_train_on_one_thread_and_leave_the_process_its_own(cache_dir, tmp_path,
+                                                                    monkeypatch):
+    """The cached path's handlers run on one CPU thread (`one_thread_mod`), per message: a
+    server in the same process keeps its threads (before #28 the first client message set the
+    whole process to one thread for good)."""
+    import torch
+
+    from ovalp_flwr.ova import client
+
+    during: list[int] = []
+    original = client.train_local
+
+    def spy(*args, **kwargs):
+        during.append(torch.get_num_threads())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(client, "train_local", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        run(cache_dir, tmp_path, clients=3, **{"num-server-rounds": 1})
+        assert set(during) == {1} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
