@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from ovalp_flwr.features.cache import CachedFeatures, load_or_build
 from ovalp_flwr.experiments.ceiling import CEILING_FILE, read_ceilings
 from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
-from ovalp_flwr.experiments.report import write_atomic
+from ovalp_flwr.core.durable import replace_durably
 
 CASES = ("digits:efficientnet-lite0", "tinyimagenet-100:efficientnet-lite0", "cifar10:efficientnet-lite0",
          "mnist:efficientnet-lite0", "ag-news:minilm")
@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         results = {"command": " ".join(["python benchmarks/centralised_ceiling.py", *sys.argv[1:]]),
                    "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
                    "lambdas": list(LAMBDAS), "cases": cases}
-        write_atomic(CEILING_FILE, json.dumps(results, indent=2) + "\n")  # per case: resumable
-        write_atomic(CEILING_FILE.with_suffix(".md"), markdown(results))
+        replace_durably(CEILING_FILE, json.dumps(results, indent=2) + "\n")  # per case: resumable
+        replace_durably(CEILING_FILE.with_suffix(".md"), markdown(results))
     return 0
 
 

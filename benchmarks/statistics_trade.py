@@ -33,7 +33,7 @@ from ovalp_flwr.ops.console import quiet_flower
 from ovalp_flwr.core.head_init import ClassStatistics, make_head_init
 from ovalp_flwr.core.head_init.statistics import wire_bytes
 from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
-from ovalp_flwr.experiments.report import write_atomic
+from ovalp_flwr.core.durable import replace_durably
 
 OUT = CEILING_FILE.parent / "statistics_trade"
 CASES = ("tinyimagenet-100:efficientnet-lite0", "cifar10:efficientnet-lite0",
@@ -146,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = {case: run_case(case, args.cache_dir) for case in args.case or CASES}
     aggregation = aggregation_cost(args.cache_dir)
     command = " ".join(["python benchmarks/statistics_trade.py", *sys.argv[1:]])
-    write_atomic(OUT.with_suffix(".json"), json.dumps(
+    replace_durably(OUT.with_suffix(".json"), json.dumps(
         {"command": command, "cases": cases, "aggregation": aggregation}, indent=2) + "\n")
-    write_atomic(OUT.with_suffix(".md"), markdown(cases, aggregation, command))
+    replace_durably(OUT.with_suffix(".md"), markdown(cases, aggregation, command))
     print(OUT.with_suffix(".md"))
     return 0
 

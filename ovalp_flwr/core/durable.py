@@ -25,6 +25,14 @@ def write_durably(path: Path, data: bytes | str) -> None:
         os.fsync(handle.fileno())
 
 
+def replace_durably(path: Path, data: bytes | str) -> None:
+    """Write `data` beside `path`, fsync it, then rename it into place: a reader sees the old
+    file or the new one, never half of one."""
+    staging = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write_durably(staging, data)
+    os.replace(staging, path)
+
+
 def fsync_dir(path: Path) -> None:
     """Persist a folder's entries (new files, renames)."""
     fd = os.open(path, os.O_RDONLY)
@@ -40,9 +48,7 @@ def write_arrays(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, 
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = st_save({k: np.ascontiguousarray(v) for k, v in arrays.items()},
                    metadata={**metadata, "sha256": _digest(arrays, metadata)})
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write_durably(tmp, blob)
-    os.replace(tmp, path)
+    replace_durably(path, blob)
     fsync_dir(path.parent)
 
 

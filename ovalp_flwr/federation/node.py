@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -30,7 +29,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.core.durable import write_durably
+from ovalp_flwr.core.durable import replace_durably
 from ovalp_flwr.core.training import LocalSchedule
 from ovalp_flwr.data.noise import NoiseSpec, noisy_labels
 from ovalp_flwr.data.partition import PartitionSpec, partition_indices
@@ -197,9 +196,7 @@ def _write_rows(path: Path, rows: NodeRows, request: dict) -> None:
                 "sha256": _rows_digest(rows.features, rows.labels)}
     blob = st_save({"features": rows.features, "labels": rows.labels}, metadata=metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write_durably(tmp, blob)
-    os.replace(tmp, path)
+    replace_durably(path, blob)
 
 
 def _read_rows(path: Path, request: dict, space: str) -> NodeRows:

@@ -24,6 +24,6 @@ sections), `writer` (the files on disk), `cli` (the command line; `__main__` run
 
 from ovalp_flwr.experiments.report.cli import main
 from ovalp_flwr.experiments.report.runs import ReportError, RunResult, load_runs
-from ovalp_flwr.experiments.report.writer import write_atomic, write_report
+from ovalp_flwr.experiments.report.writer import write_report
 
-__all__ = ["ReportError", "RunResult", "load_runs", "main", "write_atomic", "write_report"]
+__all__ = ["ReportError", "RunResult", "load_runs", "main", "write_report"]

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ovalp_flwr.core.durable import write_durably
+from ovalp_flwr.core.durable import replace_durably
 from ovalp_flwr.experiments.ceiling import CEILING_FILE
 from ovalp_flwr.experiments.report.runs import ReportError
 from ovalp_flwr.experiments.report.writer import write_report
@@ -84,6 +84,6 @@ def report_run(run_dir: Path) -> int:
           f"{config['schedule']}, partition {config['partition']}, seed {config['seed']}"
           f"{'; R(t) against its IID twin' if twin else ''}")
     print(summary_lines(summary, twin))
-    write_durably(run_dir / PLOT_FILE, plot_run(summary, twin))
+    replace_durably(run_dir / PLOT_FILE, plot_run(summary, twin))
     print(run_dir / PLOT_FILE)
     return 0

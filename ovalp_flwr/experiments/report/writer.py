@@ -6,11 +6,10 @@ making is interrupted) never shows half a file.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ovalp_flwr.core.durable import write_durably
+from ovalp_flwr.core.durable import replace_durably
 from ovalp_flwr.experiments.ceiling import CEILING_FILE
 from ovalp_flwr.experiments.report import personalization
 from ovalp_flwr.experiments.report.document import Context, markdown
@@ -18,13 +17,6 @@ from ovalp_flwr.experiments.report.plots import PLOTS, plots
 from ovalp_flwr.experiments.report.runs import ReportError, load_runs, personalized_runs
 from ovalp_flwr.experiments.report.tables import runs_csv, table_csv
 from ovalp_flwr.experiments.sweep import Preset, RunSpec
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write beside the destination, then rename: a reader sees the old file or the new one."""
-    staging = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write_durably(staging, data)
-    os.replace(staging, path)
 
 
 def write_report(preset: Preset, specs: Sequence[RunSpec], results_root: Path, out_root: Path,
@@ -48,5 +40,5 @@ def write_report(preset: Preset, specs: Sequence[RunSpec], results_root: Path, o
     context = Context(preset, runs, missing, seeds, results_dir, command, list(images),
                       personalized)
     for name, data in {**files, "report.md": markdown(context)}.items():
-        write_atomic(out_dir / name, data)
+        replace_durably(out_dir / name, data)
     return out_dir / "report.md"
