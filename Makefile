@@ -3,6 +3,8 @@
 #   make run  ARGS="--run-config \"head='softmax'\""   (VERBOSE=1: Flower's and Ray's log too)
 #   make test ARGS="-k partition"   (WORKERS=0: in this process, no pytest-xdist)
 #   make test-fast                  the in-process tests only: the edit loop
+#   make docker-images              the compose demo's images (docs/docker.md)
+#   make test-docker                the compose demo end to end (needs a docker engine)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -14,7 +16,7 @@ WORKERS ?= 3
 FAST_WORKERS ?= 2
 xdist = -n $(1) $(if $(filter 0,$(1)),,--maxschedchunk 1)
 
-.PHONY: run test test-fast install clean
+.PHONY: run test test-fast test-docker docker-images install clean
 
 install: $(STAMP)
 
@@ -38,6 +40,12 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	@$(PY) -m pytest -q -m "not e2e" $(call xdist,$(FAST_WORKERS)) $(ARGS)
+
+docker-images: $(STAMP)
+	@$(PY) -m ovalp_flwr.ops.images $(ARGS)
+
+test-docker: $(STAMP)
+	@$(PY) -m pytest -q -rs -m docker $(ARGS)
 
 clean:
 	rm -rf $(VENV) .flwr

@@ -118,8 +118,15 @@ def start_order(durations: list[float], workers: int) -> list[int]:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """e2e tests first, in `start_order`; then the `slow` in-process ones, then the rest, each in
-    its file's order; so that no worker ends the session alone on a long test."""
+    """The `docker` tests only when asked for (`pytest -m docker`: `.ci/run` runs them after the
+    suite, with a docker engine started). e2e tests first, in `start_order`; then the `slow`
+    in-process ones, then the rest, each in its file's order; so that no worker ends the
+    session alone on a long test."""
+    if "docker" not in (config.getoption("markexpr", "") or ""):
+        docker = [item for item in items if item.get_closest_marker("docker")]
+        if docker:
+            config.hook.pytest_deselected(items=docker)
+            items[:] = [item for item in items if not item.get_closest_marker("docker")]
     e2e = [item for item in items if e2e_seconds(item) is not None]
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))  # each worker collects
     order = start_order([e2e_seconds(item) for item in e2e], workers)

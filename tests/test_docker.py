@@ -67,7 +67,7 @@ def test_superlink_and_serverapp_runtime_meet_on_one_port():
     services = compose()["services"]
     link = services["superlink"]["command"]
     port = link[link.index("--port") + 1]
-    assert services["superlink"]["ports"] == [f"{port}:{port}"]
+    assert services["superlink"]["ports"] == [f"127.0.0.1:{port}:{port}"]  # this machine only
     server = services["serverapp"]["command"]
     assert server[server.index("--runtime-api-address") + 1] == f"superlink:{port}"
     assert "--isolation" in link and link[link.index("--isolation") + 1] == "process"

@@ -176,6 +176,7 @@ class LateJoinGrid(InProcessGrid):
         self.offline = set(late)
         self.late = set(late)
         self.refuse_norm = False  # late nodes fail the statistics message
+        self.leaving: set[int] = set()  # go offline as the late nodes connect
 
     def _deliver(self, message):
         if (self.refuse_norm and message.metadata.dst_node_id in self.late
@@ -187,12 +188,12 @@ class LateJoinGrid(InProcessGrid):
         messages = list(messages)
         ids = super().push_messages(messages)
         if any(m.metadata.message_type == "train" for m in messages):
-            self.offline -= self.late
+            self.offline = (self.offline - self.late) | self.leaving
         return ids
 
 
 def late_run(cache_dir, tmp_path, late_partition: int, duplicate: bool = False,
-             refuse_norm: bool = False, **overrides):
+             refuse_norm: bool = False, holder_leaves: bool = False, **overrides):
     from ovalp_flwr.config import RunConfig
     from server_app import run_server
 
@@ -204,6 +205,8 @@ def late_run(cache_dir, tmp_path, late_partition: int, duplicate: bool = False,
     late = by_pid[late_partition]
     if duplicate:  # the late node claims a partition a live node holds
         grid.contexts[late].node_config["partition-id"] = 0
+    if holder_leaves:  # ... which goes offline as the late node connects (a node restarted)
+        grid.leaving = {by_pid[0]}
     grid.offline, grid.late, grid.refuse_norm = {late}, {late}, refuse_norm
     return read_summary(run_server(grid, RunConfig.from_mapping(run_config)))
 
@@ -228,6 +231,16 @@ def test_a_late_node_claiming_a_held_partition_is_refused(cache_dir, tmp_path, c
     summary = late_run(cache_dir, tmp_path, late_partition=3, duplicate=True)
     assert [r["clients_sampled"] for r in summary["rounds"]] == [3, 3, 3]
     assert any("partition-id 0 is held by live node" in r.getMessage() for r in caplog.records)
+
+
+def test_a_late_node_taking_an_offline_nodes_partition_replaces_it(cache_dir, tmp_path, caplog):
+    """What a restarted SuperNode is (a new node id, its old partition): admitted, and said so."""
+    caplog.set_level(logging.INFO, logger="flwr")
+    summary = late_run(cache_dir, tmp_path, late_partition=3, duplicate=True, holder_leaves=True)
+    assert [r["clients_sampled"] for r in summary["rounds"]] == [3, 3, 3]
+    assert [r["clients_trained"] for r in summary["rounds"]][1:] == [3, 3]
+    assert any("1 node(s) connected late, 1 admitted; 3 in the federation" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
 def test_a_late_node_that_misses_the_statistics_is_left_out(cache_dir, tmp_path, caplog):

@@ -241,10 +241,11 @@ class Staged:
         new = sorted(set(grid.get_node_ids()) - self._seen)
         if new:
             self._seen.update(new)
-            before = len(self.node_order)
             self.node_order = self.admit(grid, new)
+            # counted by id: a node that takes an offline node's partition replaces it
+            admitted = len(set(new) & set(self.node_order))
             say(INFO, "round %s: %s node(s) connected late, %s admitted; %s in the federation",
-                server_round, len(new), len(self.node_order) - before, len(self.node_order))
+                server_round, len(new), admitted, len(self.node_order))
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

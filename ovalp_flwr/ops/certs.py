@@ -11,6 +11,8 @@ Writes, under <dir>:
                                         --auth-supernode-private-key` and `flwr supernode
                                         register` expect
 Private keys are written with mode 0600. They are secrets: keep <dir> out of git.
+For the compose demo's containers, which run as the Flower images' user `app`, add
+`--owner 49999` (as root): the files are then that user's, still 0600.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ DEFAULT_DIR = Path(".flwr-deploy/certs")
 SERVER_NAMES = ("127.0.0.1", "localhost", "superlink")
 VALID_DAYS = 30
 CA_CERT, SERVER_CERT, SERVER_KEY = "ca.crt", "server.pem", "server.key"  # what Flower is given
+CONTAINER_UID = 49999  # user `app` of Flower's official images (and of our stand-ins)
 
 
 @dataclass
@@ -128,10 +131,25 @@ def node_key_name(i: int) -> str:
     return f"supernode-{i}"
 
 
-def make_all(directory: Path, nodes: int) -> tuple[ServerCerts, list[tuple[Path, Path]]]:
+def make_all(directory: Path, nodes: int, owner: int | None = None
+             ) -> tuple[ServerCerts, list[tuple[Path, Path]]]:
+    """Everything a secure deployment needs. `owner`: a uid to give every file to (the
+    containers' user reads its private key, which stays 0600)."""
     server = make_server_certs(directory)
     keys = [make_node_keys(directory, node_key_name(i)) for i in range(nodes)]
+    if owner is not None:
+        give_to(directory, owner)
     return server, keys
+
+
+def give_to(directory: Path, owner: int) -> None:
+    try:
+        for path in [directory, *directory.iterdir()]:
+            os.chown(path, owner, owner)
+    except PermissionError as err:
+        raise PermissionError(f"owner={owner}: cannot give {directory}'s files to uid {owner} "
+                              f"({err.strerror}); run as root, or `sudo chown -R {owner}:{owner} "
+                              f"{directory}`") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,8 +159,15 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"where to write (default {DEFAULT_DIR}; keep it git-ignored)")
     parser.add_argument("--nodes", type=int, default=3,
                         help="SuperNode key pairs to make (default: %(default)s)")
+    parser.add_argument("--owner", type=int, default=None,
+                        help=f"give the files to this uid (as root; {CONTAINER_UID} = the "
+                             "Flower images' user, for the compose demo)")
     args = parser.parse_args(argv)
-    server, keys = make_all(args.dir, args.nodes)
+    try:
+        server, keys = make_all(args.dir, args.nodes, args.owner)
+    except PermissionError as err:
+        print(err, file=sys.stderr)
+        return 2
     print(f"CA certificate:       {server.ca_cert}  (key {args.dir / 'ca.key'}, 0600)")
     print(f"SuperLink cert/key:   {server.server_cert}  {server.server_key} (0600)"
           f"  SAN: {', '.join(SERVER_NAMES)}")
