@@ -16,7 +16,8 @@ def test_the_mirror_is_read_from_deb822_and_one_line_apt_sources(tmp_path):
     deb822.write_text("Types: deb\n# a comment\nURIs: http://mirror.example/debian\n"
                       "Suites: bookworm\n\nTypes: deb\nURIs: http://mirror.example/debian-security\n")
     one_line = tmp_path / "sources.list"
-    one_line.write_text("# deb http://old/ bookworm main\n"
+    one_line.write_text("# deb http://old/debian bookworm main\n"
+                        "deb https://packages.cloud.google.com/apt cloud-sdk main\n"
                         "deb [arch=amd64 signed-by=/k.gpg] http://mirror.example/debian bookworm main\n")
     assert images.apt_mirror([tmp_path / "missing", deb822]) == "http://mirror.example/debian"
     assert images.apt_mirror([one_line]) == "http://mirror.example/debian"

@@ -87,22 +87,27 @@ def pulled(image: str) -> bool:
                           timeout=600).returncode == 0
 
 
-def apt_mirror(sources: Sequence[Path] = (Path("/etc/apt/sources.list"),
-                                          *sorted(Path("/etc/apt/sources.list.d").glob("*")))
-               ) -> str:
+def apt_sources() -> list[Path]:
+    listed = Path("/etc/apt/sources.list.d")
+    return [Path("/etc/apt/sources.list"), *sorted(listed.glob("*.list")),
+            *sorted(listed.glob("*.sources"))]
+
+
+def apt_mirror(sources: Sequence[Path] | None = None) -> str:
     """The Debian mirror this machine's apt uses (deb822 `URIs:` or one-line `deb URL suite`),
-    the one a machine without internet can reach; Debian's own redirector otherwise."""
-    for path in sources:
+    the one a machine without internet can reach; Debian's own redirector otherwise. Only a
+    Debian archive will do (its URL names debian; not the security one)."""
+    for path in apt_sources() if sources is None else sources:
         try:
             lines = path.read_text().splitlines()
         except OSError:
             continue
         for line in (entry.strip() for entry in lines):
-            if line.startswith("URIs:") and "security" not in line:
-                return line.split()[1]
+            deb822 = re.match(r"URIs:\s*(\S+)", line)
             one_line = re.match(r"deb\s+(?:\[[^\]]*\]\s+)?(\S+)", line)  # deb [opts] URL suite
-            if one_line and "security" not in line:
-                return one_line[1]
+            url = (deb822 or one_line)[1] if (deb822 or one_line) else ""
+            if url.rstrip("/").endswith("/debian"):
+                return url
     return DEFAULT_MIRROR
 
 
