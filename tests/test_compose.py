@@ -147,16 +147,18 @@ def test_the_demo_runs_like_the_native_deployment_survives_a_stopped_node_and_le
 
 @pytest.mark.docker
 def test_the_tls_overlay_with_node_authentication_runs_the_same_numbers(built, tmp_path, capfd):
-    demo, flwr_home = compose.Demo(tls=True, certs=tmp_path / "certs"), tmp_path / "flwr-home"
-    try:
-        demo.up(flwr_home)
-        secure = run_on(flwr_home, demo, "tls", capfd)
-    finally:
-        demo.down()
+    """In one command (`python -m ovalp_flwr.ops.compose --tls`): up, the run, its results
+    copied out of the serverapp container, down."""
+    results = tmp_path / "results"
+    code = compose.main(["--tls", "--certs", str(tmp_path / "certs"), "--flwr-home",
+                         str(tmp_path / "flwr-home"), "--results", str(results), "--",
+                         "--run-config", run_config("tls", ROUNDS)])
+    assert code == 0, capfd.readouterr().out[-3000:]
     assert left_over() == {"containers": [], "networks": [], "volumes": []}
+    secure = read_summary(results / "tls")
     # the in-process runner's numbers (runners agree for a seed; the insecure demo is checked
     # against the native deployment above)
     in_process = read_summary(run_local({"num-server-rounds": ROUNDS, "run-name": "tls",
-                                         "results-dir": str(tmp_path / "results")}, 3))
+                                         "results-dir": str(tmp_path / "in-process")}, 3))
     assert secure["num_clients"] == 3 and secure["final_accuracy"] > 0.8
     assert accuracies(secure) == accuracies(in_process)

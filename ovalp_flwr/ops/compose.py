@@ -5,8 +5,9 @@ take it down with its volumes. The docker test runs it end to end.
 
     python -m ovalp_flwr.ops.compose [--tls] -- --run-config "num-server-rounds=5"
 
-brings the demo up, runs the app on it (Flower state in `.flwr-docker/`), prints the result
-and takes the demo down again (`--keep` leaves it up).
+brings the demo up, runs the app on it (Flower state in `.flwr-docker/`), copies the run's
+results out of the serverapp container into `results/`, prints the result and takes the demo
+down again (`--keep` leaves it up).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ovalp_flwr.ops import certs as certs_module
 from ovalp_flwr.ops.console import RunConsole, new_log_path, relative
 from ovalp_flwr.ops.images import DOCKER, PROJECT, docker_available
 from ovalp_flwr.ops.launch import (
+    RESULTS_IN,
     _bin,
     flower_env,
     flwr_args_after_dashes,
@@ -127,6 +129,17 @@ class Demo:
             raise RuntimeError(f"no summary for run {run_name!r} in the serverapp: {done.stderr}")
         return json.loads(done.stdout)
 
+    def copy_results(self, run_dir: str, into: Path) -> Path:
+        """A run's results folder, out of the serverapp container (before `down -v` drops
+        its volume), to `into/<run-name>`."""
+        into.mkdir(parents=True, exist_ok=True)
+        target = into / Path(run_dir).name
+        done = subprocess.run(["docker", "cp", f"{self.container('serverapp')}:{run_dir}",
+                               str(target)], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"docker cp of {run_dir} failed: {done.stderr.strip()}")
+        return target
+
     def down(self) -> None:
         """Containers, the network and every volume: nothing left behind."""
         self.compose("down", "-v", "--remove-orphans", "--timeout", "5")
@@ -161,8 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.ops.compose",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--tls", action="store_true", help="with compose.tls.yml on top")
+    parser.add_argument("--certs", type=Path, default=DEFAULT_CERTS,
+                        help="--tls: where the throwaway certificates go (default: %(default)s)")
     parser.add_argument("--keep", action="store_true", help="leave the demo up afterwards")
     parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr-docker")
+    parser.add_argument("--results", type=Path, default=Path("results"),
+                        help="where the run's results folder is copied out of the serverapp "
+                             "container (default: %(default)s)")
     parser.set_defaults(num_supernodes=NUM_SUPERNODES)  # compose.yml's; checked by the parser
     args, flwr_args = flwr_args_after_dashes(parser, list(argv) if argv is not None else None)
     if (why := docker_available()) is not None:
@@ -171,13 +189,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     flwr_home = args.flwr_home.resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)  # for the console's log before `up`
     console = RunConsole(new_log_path(flwr_home, "docker"), args.verbose)
-    demo = Demo(tls=args.tls)
+    demo = Demo(tls=args.tls, certs=args.certs.resolve())
     print(f"compose up ({'TLS + node auth' if args.tls else 'insecure'}); full log: "
           f"{relative(console.log_path)}", flush=True)
     started = time.monotonic()
     try:
         demo.up(flwr_home)
         code, final_line = run(flwr_home, flwr_args, console)
+        if final_line is not None and RESULTS_IN in final_line:
+            head, run_dir = final_line.rsplit(RESULTS_IN, 1)
+            final_line = f"{head}{RESULTS_IN}{demo.copy_results(run_dir, args.results)}"
     finally:
         if not args.keep:
             demo.down()
