@@ -28,9 +28,8 @@ from ovalp_flwr.ops.console import RunConsole, new_log_path, relative
 from ovalp_flwr.ops.images import DOCKER, PROJECT, docker_available
 from ovalp_flwr.ops.launch import (
     RESULTS_IN,
-    _bin,
-    flower_env,
     flwr_args_after_dashes,
+    flwr_cli,
     report_result,
     stream_flwr_run,
     write_connection,
@@ -96,7 +95,8 @@ class Demo:
         if self.tls:
             for i in range(NUM_SUPERNODES):
                 public = self.certs / f"{certs_module.node_key_name(i)}.pub"
-                flwr(flwr_home, "supernode", "register", str(public), CONNECTION, timeout=timeout)
+                flwr_cli(flwr_home, "supernode", "register", str(public), CONNECTION,
+                         timeout=timeout)
         self.compose("up", "-d")
         self.wait_for_nodes(flwr_home, NUM_SUPERNODES, timeout)
 
@@ -145,19 +145,11 @@ class Demo:
         self.compose("down", "-v", "--remove-orphans", "--timeout", "5")
 
 
-def flwr(flwr_home: Path, *args: str, timeout: float = 120) -> str:
-    done = subprocess.run([_bin("flwr"), *args], env=flower_env(flwr_home), capture_output=True,
-                          text=True, timeout=timeout, cwd=PROJECT)
-    if done.returncode != 0:
-        raise RuntimeError(f"flwr {' '.join(args)} failed ({done.returncode}):\n"
-                           f"{done.stdout}{done.stderr}")
-    return done.stdout
-
-
 def online_nodes(flwr_home: Path) -> list[str] | None:
     """Node ids the SuperLink lists online; None while it cannot be reached."""
     try:
-        listing = json.loads(flwr(flwr_home, "supernode", "list", CONNECTION, "--format", "json"))
+        listing = json.loads(flwr_cli(flwr_home, "supernode", "list", CONNECTION,
+                                      "--format", "json"))
     except (RuntimeError, json.JSONDecodeError, subprocess.TimeoutExpired):
         return None
     return [n["node-id"] for n in listing.get("nodes", []) if n.get("status") == "online"]

@@ -46,6 +46,7 @@ from ovalp_flwr.ops.launch import (
     _wait_for_port,
     flower_env,
     flwr_args_after_dashes,
+    flwr_cli,
     free_port,
     preflight,
     report_result,
@@ -165,13 +166,7 @@ def runtime_command(runtime_api_address: str, root_certificates: Path | None = N
 
 def register_supernode(deployment: Deployment, public_key: Path) -> str:
     """`flwr supernode register <public_key> ovalp-deploy`; its output (raises on failure)."""
-    done = subprocess.run([_bin("flwr"), "supernode", "register", str(public_key), CONNECTION],
-                          env=flower_env(deployment.flwr_home), capture_output=True, text=True,
-                          timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(f"flwr supernode register {public_key} failed ({done.returncode}):\n"
-                           f"{done.stdout}{done.stderr}")
-    return done.stdout
+    return flwr_cli(deployment.flwr_home, "supernode", "register", str(public_key), CONNECTION)
 
 
 def start_supernode(deployment: Deployment, partition_id: int, num_partitions: int,

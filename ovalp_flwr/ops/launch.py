@@ -174,6 +174,16 @@ def simulation_superlink(flwr_home: Path, cwd: Path = PROJECT) -> Iterator[tuple
         stop_group(process)
 
 
+def flwr_cli(flwr_home: Path, *args: str, timeout: float = 120) -> str:
+    """`flwr <args>` against this Flower home; its output (raises with it on failure)."""
+    done = subprocess.run([_bin("flwr"), *args], env=flower_env(flwr_home), capture_output=True,
+                          text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"flwr {' '.join(args)} failed ({done.returncode}):\n"
+                           f"{done.stdout}{done.stderr}")
+    return done.stdout
+
+
 def write_connection(flwr_home: Path, name: str, address: str,
                      root_certificates: Path | None = None) -> None:
     """Make `name` the default connection of this Flower home, pointing at our SuperLink
