@@ -41,6 +41,7 @@ HEAD_INITS = ("random", "zeros", "class-means", "ridge")  # ovalp_flwr.core.head
 STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.federation.secure_sum
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
 FINETUNES = ("none", "lp", "fedavg-lora", "flora", "full")  # ovalp_flwr.finetune
+PFT_GLOBALS = ("server", "clients")  # who scores Global: ovalp_flwr.personalize.phase
 PFT_PREFIX = "pft."  # pft.<method>.<hyperparameter>: a personalization method's own knobs
 # the knobs every method shares (personalize.hyperparameters.FineTuning) and their run-config keys
 SHARED_PFT = {"epochs": "pft-epochs", "learning-rate": "pft-learning-rate",
@@ -295,6 +296,14 @@ class RunConfig:
     personalize_curve: str = _key(
         "", "personalize", "PFT epochs (space-separated, in 1..`pft-epochs`) at which Global "
         "is also measured; Local is measured every epoch.")
+    pft_global: str = _key(
+        "server", "personalize", "Who scores a personalized model's Global accuracy. "
+        "`server`: the server, on its own test split (the global distribution, the one every "
+        "round is scored on): each model travels once, N uploads per method. `clients`: every "
+        "client scores every client's model on its own test split (N² transfers), for a "
+        "federation whose server holds no test data. The default is `server` because the "
+        "ServerApp always holds the test split and Global is meant as accuracy on the global "
+        "distribution; Local is each client's own either way.", PFT_GLOBALS)
     pft_epochs: int = _key(
         15, "personalize", "Fine-tuning epochs, shared by every method (the study: 15 epochs "
         "of Adam at 1e-3).")
@@ -380,6 +389,7 @@ class RunConfig:
         _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         _one_of("head-init", self.head_init, HEAD_INITS)
         _one_of("statistics-aggregation", self.statistics_aggregation, STATISTICS_AGGREGATIONS)
+        _one_of("pft-global", self.pft_global, PFT_GLOBALS)
         _positive("ridge-lambda", self.ridge_lambda)
         if self.drift_correction == "scaffold" and self.local_optimizer != "sgd":
             raise ConfigError("drift-correction", self.drift_correction,

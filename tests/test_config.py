@@ -50,6 +50,7 @@ def test_pyproject_defaults_parse_and_match_the_dataclass():
         ("personalize", "nope", "choose methods from: ft, lp, lp-ft, proximal, soup, sparse, lss, own-heads"),
         ("personalize", "ft ft", "name each method once"),
         ("personalize-curve", "0", "epochs in 1..pft-epochs=15"),
+        ("pft-global", "both", "choose one of: server, clients"),
         ("pft-epochs", 0, ">= 1"),
         ("pft-optimizer", "lbfgs", "choose one of: adamw, sgd"),
         ("pft-learning-rate", 0.0, "> 0"),

@@ -300,3 +300,40 @@ def test_unknown_method_is_named():
         make_personalizer("nope")
     assert "personalize='nope'" in str(error.value)
     assert "own-heads" in str(error.value)
+
+
+# ------------------------------------------------------------------ the server's scoring
+
+
+def scored_directly(model, global_model, features, labels) -> tuple[int, float]:
+    """One model on the rows, the plain way: right predictions, summed feature distance."""
+    with torch.no_grad():
+        right = int((model(features).argmax(1) == labels).sum())
+        distance = float(torch.linalg.vector_norm(
+            model.features(features) - global_model.features(features), dim=1).sum())
+    return right, distance
+
+
+@pytest.mark.parametrize("build", [adapter_model, probe_model])
+def test_the_server_scores_every_model_as_a_direct_computation_in_any_chunking(build,
+                                                                               monkeypatch):
+    from ovalp_flwr.core.model import model_to_numpy
+    from ovalp_flwr.federation import protocol as p
+    from ovalp_flwr.personalize import scoring
+
+    data, global_model = local_data(seed=5), build(0)
+    models = {"ft": personalize("ft", global_model), "lp": personalize("lp", global_model),
+              "own": personalize("own-heads", global_model, data=local_data((0,))),
+              "other": build(3), "global": global_model}
+    records = {name: p.to_record(model_to_numpy(m)) for name, m in models.items()}
+    scorer = scoring.FeatureScorer(data.features, data.labels, "relu")
+    assert scorer.num_test == N
+    for chunk in (scoring.CHUNK_ELEMENTS, 1):  # one pass for all, then one model per pass
+        monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", chunk)
+        scored = scorer.against(p.to_record(model_to_numpy(global_model)))(records)
+        for name, model in models.items():
+            right, distance = scored_directly(model, global_model, data.features, data.labels)
+            assert scored[name][0] == right, name
+            assert scored[name][1] == pytest.approx(distance, rel=1e-5, abs=1e-6), name
+        # a model that reads the global features is not distorted at all
+        assert scored["lp"][1] == scored["own"][1] == scored["global"][1] == 0.0

@@ -2,18 +2,27 @@
 definitions, every method through the real ClientApp, reproducibility, saved models."""
 
 import csv
+import json
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from client_app import app as flower_client_app
+from ovalp_flwr.core.model import model_from_numpy
+from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.node import feature_source, node_rows, node_test_rows, noise_spec, \
     partition_spec
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.federation.local_grid import app_config, run_local
+from ovalp_flwr.federation.local_grid import InProcessGrid, app_config, run_local
 from ovalp_flwr.personalize import METHODS
-from ovalp_flwr.personalize.metrics import CrossScores, per_client, summarize
+from ovalp_flwr.personalize.metrics import (CrossScores, ServerScores, per_client,
+                                            per_client_on_server, summarize)
 from ovalp_flwr.personalize.store import read_model
 from ovalp_flwr.federation.results import read_summary
+from server_app import run_server
 
 
 LABEL_SHIFT = {"partition": "bernoulli-dirichlet", "dirichlet-p": 1.0, "dirichlet-alpha": 0.1}
@@ -61,6 +70,22 @@ def test_metrics_follow_their_definitions_on_a_hand_computed_case():
     assert worse["worst"] == 0.5 and worse["c_std"] == pytest.approx(0.2)
 
 
+def test_server_scored_metrics_follow_their_definitions_on_a_hand_computed_case():
+    # 3 clients; Local from their own splits (10, 20, 0 rows), Global on the server's 50 rows
+    scores = ServerScores(clients=[4, 5, 6], own_correct=np.array([9, 10, 0]),
+                          num_test=np.array([10, 20, 0]), correct=np.array([40.0, 25.0, 10.0]),
+                          distance=np.array([5.0, 0.0, 50.0]), num_server_test=50)
+    rows = per_client_on_server(scores)
+    assert [r["partition"] for r in rows] == [4, 5, 6]
+    assert [r["local"] for r in rows] == [0.9, 0.5, None]
+    assert [r["global"] for r in rows] == [0.8, 0.5, 0.2]  # a client without a split has one
+    assert [r["distortion"] for r in rows] == [0.1, 0.0, 1.0]
+    summary = summarize(rows)
+    assert summary["local"] == pytest.approx(0.7) and summary["worst"] == 0.5
+    assert summary["global"] == pytest.approx(0.5) and summary["average"] == pytest.approx(0.6)
+    assert summary["c_std"] == pytest.approx(0.2)
+
+
 def personalized_run(cache_dir, tmp_path, name, **extra):
     return read_summary(run_local({
         "encoder": "pixels", "feature-cache-dir": str(cache_dir), "results-dir": str(tmp_path),
@@ -86,9 +111,10 @@ def test_every_method_runs_after_federation_with_per_client_rows_and_is_reproduc
             # the last snapshot is the final model: the curve ends where the table is
             assert curve["global"]["3"] == pytest.approx(result["summary"]["global"])
     methods = phase["methods"]
-    # the global model is everybody's model: its Global is its Local, and nothing is distorted
-    assert methods["global"]["summary"]["global"] == pytest.approx(
-        methods["global"]["summary"]["local"])
+    # the global model is everybody's model: its Global is the run's final accuracy (the
+    # server's test split: pft-global = "server"), and nothing is distorted
+    assert phase["pft_global"] == "server"
+    assert methods["global"]["summary"]["global"] == pytest.approx(summary["final_accuracy"])
     assert methods["global"]["summary"]["distortion"] == 0.0
     for features_kept in ("lp", "own-heads"):
         assert methods[features_kept]["summary"]["distortion"] == 0.0
@@ -138,3 +164,114 @@ def test_a_client_failing_the_phase_leaves_the_federated_results_and_says_why(ca
     assert summary["final_accuracy"] > 0.5 and len(summary["rounds"]) == 1
     assert "disk full" in summary["personalization"]["error"]
     assert not (tmp_path / "failed" / "personalization.csv").exists()
+
+
+# ------------------------------------------------------------------ pft-global
+
+REFERENCE = Path(__file__).parent / "data" / "pft_clients_reference.json"
+REFERENCE_RUN = {**LABEL_SHIFT, "adapter-dim": 16, "head-init": "random", "num-server-rounds": 1,
+                 "pft-epochs": 2, "personalize-curve": "1 2", "personalize": "ft lp soup",
+                 "pft.soup.candidates": 2}
+
+
+class RecordingGrid(InProcessGrid):
+    """The in-process grid, remembering how many messages of each type went out and the
+    models the clients sent back, by method and partition."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: Counter = Counter()
+        self.sent_global: dict = {}  # the global model the PERSONALIZE messages carried
+        self.models: dict[str, dict[int, dict]] = {}  # method -> partition -> reply records
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        replies = list(super().send_and_receive(messages, timeout=timeout))
+        for message, reply in zip(messages, replies):
+            self.sent[message.metadata.message_type] += 1
+            if message.metadata.message_type == p.PERSONALIZE:
+                method = str(message.content[p.CONFIG][p.METHOD])
+                node = self.contexts[message.metadata.dst_node_id]
+                self.sent_global = p.from_record(message.content[p.ARRAYS])
+                self.models.setdefault(method, {})[node.node_config["partition-id"]] = {
+                    key: p.from_record(record)
+                    for key, record in reply.content.array_records.items()}
+        return replies
+
+
+def recorded_run(cache_dir, tmp_path, name, **extra):
+    run_config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                  "results-dir": str(tmp_path), "run-name": name, **REFERENCE_RUN, **extra}
+    config = RunConfig.from_mapping(run_config)
+    grid = RecordingGrid(flower_client_app, 3, run_config, seed=config.seed)
+    return read_summary(run_server(grid, config)), grid
+
+
+def without_seconds(methods: dict) -> dict:
+    return {m: {**r, "clients": [{k: v for k, v in row.items() if k != "seconds"}
+                                 for row in r["clients"]]} for m, r in methods.items()}
+
+
+def test_clients_mode_cross_scores_as_before_bit_for_bit(cache_dir, tmp_path):
+    summary, grid = recorded_run(cache_dir, tmp_path, "clients", **{"pft-global": "clients"})
+    phase = summary["personalization"]
+    reference = json.loads(REFERENCE.read_text())["methods"]
+    assert without_seconds(phase["methods"]) == reference
+    assert phase["pft_global"] == "clients"
+    # every model to every client: the global one, then each method's models and snapshots
+    assert grid.sent[p.SCORE_PERSONALIZED] == 3 * 4 and grid.sent[p.PERSONALIZE] == 3 * 3
+
+
+def test_server_mode_scores_each_model_once_on_the_servers_test_split(cache_dir, tmp_path,
+                                                                      monkeypatch):
+    from ovalp_flwr.ova import server as ova_server
+
+    scorers = []
+
+    class Recording(ova_server.FeatureScorer):
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            scorers.append(self)
+
+    monkeypatch.setattr(ova_server, "FeatureScorer", Recording)
+    summary, grid = recorded_run(cache_dir, tmp_path, "server", **{"pft-global": "server"})
+    phase = summary["personalization"]
+    assert grid.sent[p.SCORE_PERSONALIZED] == 0 and grid.sent[p.PERSONALIZE] == 3 * 3
+    assert phase["costs"]["messages"] == 3 * 3  # one upload per client and method, no more
+    assert phase["pft_global"] == "server" and "server's test split" in phase["global_means"]
+    features, labels = scorers[0].features, scorers[0].labels
+    global_model = model_from_numpy(grid.sent_global, features.device)
+
+    def direct(arrays: dict) -> tuple[float, float]:
+        """Accuracy on the server's test rows, mean L2 distance to the global features."""
+        model = model_from_numpy(arrays, features.device)
+        with torch.no_grad():
+            distance = torch.linalg.vector_norm(
+                model.features(features) - global_model.features(features), dim=1)
+            right = int((model(features).argmax(1) == labels).sum())
+            return right / len(labels), float(distance.mean())
+
+    reference = json.loads(REFERENCE.read_text())["methods"]
+    methods = phase["methods"]
+    assert methods["global"]["summary"]["global"] == pytest.approx(summary["final_accuracy"])
+    for method, by_partition in grid.models.items():
+        rows = methods[method]["clients"]
+        for row in rows:
+            accuracy, distortion = direct(by_partition[row["partition"]][p.ARRAYS])
+            assert row["global"] == pytest.approx(accuracy, abs=1e-12)
+            assert row["distortion"] == pytest.approx(distortion, rel=1e-5, abs=1e-6)
+        if method != "soup":  # a soup is scored once, at its last epoch
+            first = [direct(by_partition[row["partition"]][p.SNAPSHOT_PREFIX + "1"])[0]
+                     for row in rows]
+            assert methods[method]["curve"]["global"]["1"] == pytest.approx(np.mean(first))
+        # Local is each client's own, whoever scores Global: the clients mode's, exactly
+        for mode in (methods, reference):
+            assert [r["local"] for r in mode[method]["clients"]] == \
+                [r["local"] for r in reference[method]["clients"]]
+        assert methods[method]["curve"]["local"] == reference[method]["curve"]["local"]
+        timing = phase["timing"]["methods"][method]
+        assert timing["fine_tuning_sum"] == pytest.approx(sum(r["seconds"] for r in rows))
+        assert timing["fine_tuning_max"] == max(r["seconds"] for r in rows)
+    assert [r["local"] for r in methods["global"]["clients"]] == \
+        [r["local"] for r in reference["global"]["clients"]]
+    assert phase["timing"]["phase"] == phase["seconds"] >= phase["timing"]["fine_tuning_sum"]

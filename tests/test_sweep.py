@@ -176,6 +176,19 @@ def test_the_knobs_of_a_method_the_run_did_not_use_do_not_count():
         "ran with pft.own-heads.mu='(absent)', preset asks 1.0"
 
 
+def test_runs_from_before_pft_global_scored_global_on_the_clients():
+    """Who scored Global counts only for a run that personalized; before the key, the clients."""
+    from ovalp_flwr.config import RunConfig
+
+    ran = {k: v for k, v in RunConfig(seed=0).to_dict().items() if k != "pft-global"}
+    assert config_mismatch(RunSpec(0, (("m", "m"),), {"dataset": "digits", "seed": 0}), ran) is None
+    spec = {"dataset": "digits", "seed": 0, "personalize": "ft"}
+    ran = {**ran, "personalize": "ft"}
+    assert config_mismatch(RunSpec(0, (("m", "m"),), spec), ran) == \
+        "ran with pft-global='(absent)', preset asks 'server'"
+    assert config_mismatch(RunSpec(0, (("m", "m"),), {**spec, "pft-global": "clients"}), ran) is None
+
+
 def test_a_summary_from_before_a_key_existed_ran_what_came_before_it():
     """Runs made before the quantity-skew keys took the paper's recipe, today's defaults or not;
     runs made before `head-init` started from torch's random init."""

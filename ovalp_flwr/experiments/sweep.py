@@ -51,13 +51,14 @@ RUN_KEYS_SET_BY_SWEEP = {"seed", "run-name", "results-dir"}
 
 # What a summary without these keys ran: the quantity-skew variants came with the first seven,
 # and until then every run took the paper's local recipe; until `head-init` every run started
-# from torch's random init; own-heads moved its rows freely until its `mu` (the defaults have
-# moved since).
+# from torch's random init; own-heads moved its rows freely until its `mu`; personalization's
+# Global was the clients' cross-scoring until `pft-global` (the defaults have moved since).
 BEFORE_THE_KEY: dict[str, Any] = {"local-optimizer": "adamw", "local-steps": 0,
                                   "aggregation-weights": "samples", "drift-correction": "none",
                                   "server-optimizer": "fedavg", "server-learning-rate": 0.1,
                                   "epoch-size": "own-data", "head-init": "random",
-                                  "pft.own-heads.mu": 0.0, "within-domain": "iid"}
+                                  "pft.own-heads.mu": 0.0, "within-domain": "iid",
+                                  "pft-global": "clients"}
 
 
 class PresetError(ValueError):
@@ -252,7 +253,9 @@ def config_mismatch(spec: RunSpec, ran: dict[str, Any]) -> str | None:
 
 
 def _unused_knob(key: str, methods: set[str]) -> bool:
-    """`pft.<method>.<knob>` of a method not among `methods`."""
+    """`pft.<method>.<knob>` of a method not among `methods`; `pft-global` without any."""
+    if key == "pft-global":
+        return not methods
     return key.startswith("pft.") and key.split(".")[1] not in methods
 
 

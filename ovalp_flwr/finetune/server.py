@@ -25,10 +25,12 @@ from ovalp_flwr.federation.results import default_run_name, write_run
 from ovalp_flwr.federation.rounds import equal_share_steps, make_strategy, train_reply_check
 from ovalp_flwr.federation.setup import by_partition, check_feature_space, describe_clients
 from ovalp_flwr.federation.summary import finish_run, partition_summary, run_summary
-from ovalp_flwr.finetune.client import Setup, feature_space, setup
+from ovalp_flwr.finetune.client import Setup, feature_space, load_parameters, setup
 from ovalp_flwr.finetune.flora import FLoRA, StagedFLoRA
+from ovalp_flwr.finetune.model import EncoderClassifier
 from ovalp_flwr.ops.console import say
 from ovalp_flwr.personalize.phase import personalize_after
+from ovalp_flwr.personalize.scoring import ModelScore, ScoreModels
 
 EVAL_BATCH = 256
 
@@ -78,7 +80,7 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
                                                        built.model.state_dict().values()))}
     if config.personalization_methods:
         summary["personalization"] = personalize_after(grid, config, clients, result.arrays,
-                                                       None, run_name)
+                                                       None, run_name, EncoderScorer(evaluator))
     summary["total_seconds"] = time.time() - started
     out = write_run(resolve_path(config.results_dir), run_name, summary)
     say(INFO, "final accuracy %.4f after %d rounds (finetune %s, %s, %s); results in %s",
@@ -127,3 +129,52 @@ class EncoderEvaluator(CentralEvaluator):
             predicted = torch.cat([model(inputs[i:i + EVAL_BATCH].to(self.device)).argmax(1)
                                    for i in range(0, len(inputs), EVAL_BATCH)])
         return predicted == self.labels
+
+
+class EncoderScorer:
+    """The encoder path's `personalize.scoring.ServerScorer`: every model is the global model
+    with its own tensors loaded over it (as the clients' `score_personalized` does), run through
+    the encoder on the server's raw test split in batches, and put back after its scoring."""
+
+    def __init__(self, evaluator: EncoderEvaluator) -> None:
+        self.evaluator = evaluator
+        self.num_test = len(evaluator.labels)
+
+    def against(self, global_arrays: ArrayRecord) -> ScoreModels:
+        self.evaluator.load(global_arrays)
+        model = self.evaluator.built.model
+        reference = {n: q.detach().clone() for n, q in model.named_parameters()}
+        global_features = self._features(model)
+
+        def score(models: dict[str, ArrayRecord]) -> dict[str, ModelScore]:
+            out = {}
+            for name, record in models.items():
+                arrays = p.from_record(record)
+                load_parameters(model, arrays)
+                try:
+                    out[name] = self._score(model, global_features)
+                finally:
+                    load_parameters(model, {n: reference[n] for n in arrays})
+            return out
+
+        return score
+
+    def _batches(self) -> list[torch.Tensor]:
+        inputs = self.evaluator.built.data.test.inputs
+        return [inputs[i:i + EVAL_BATCH] for i in range(0, len(inputs), EVAL_BATCH)]
+
+    def _features(self, model: EncoderClassifier) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            return [model.features(batch.to(self.evaluator.device)) for batch in self._batches()]
+
+    def _score(self, model: EncoderClassifier, global_features: list[torch.Tensor]) -> ModelScore:
+        """Right predictions and summed feature distance to the global model's, batch by batch."""
+        right, distance = 0, 0.0
+        labels = self.evaluator.labels.split(EVAL_BATCH)
+        with torch.inference_mode():
+            for batch, reference, truth in zip(self._batches(), global_features, labels):
+                features = model.features(batch.to(self.evaluator.device))
+                logits = torch.nn.functional.linear(features, model.weight, model.bias)
+                right += int((logits.argmax(1) == truth).sum())
+                distance += float(torch.linalg.vector_norm(features - reference, dim=1).sum())
+        return right, distance

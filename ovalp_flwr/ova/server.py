@@ -35,6 +35,7 @@ from ovalp_flwr.data.partition import PartitionSummary
 from ovalp_flwr.features.cache import CachedFeatures, load_or_build
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.checkpoint import FILE as CHECKPOINT_FILE
+from ovalp_flwr.federation.checkpoint import part_files
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError, SetupCosts, wait_for_nodes
 from ovalp_flwr.federation.node import all_partitions, resolve_path
@@ -47,6 +48,7 @@ from ovalp_flwr.federation.setup import (StatisticsSum, broadcast_stats, by_part
 from ovalp_flwr.federation.summary import finish_run, partition_summary, run_summary
 from ovalp_flwr.ops.console import say
 from ovalp_flwr.personalize.phase import personalize_after
+from ovalp_flwr.personalize.scoring import FeatureScorer
 
 
 def run_ova(grid: Grid, config: RunConfig) -> Path:
@@ -97,10 +99,12 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     if checkpoints.resumes:
         summary["resumes"] = checkpoints.resumes
     if config.personalization_methods:
+        scorer = FeatureScorer(evaluator.features, evaluator.labels, config.adapter_activation)
         summary["personalization"] = personalize_after(grid, config, clients, result.arrays,
-                                                       stats, run_name)
+                                                       stats, run_name, scorer)
     summary["total_seconds"] = checkpoints.seconds_before + time.time() - started
-    out = write_run(resolve_path(config.results_dir), run_name, summary, carry=(CHECKPOINT_FILE,))
+    out = write_run(resolve_path(config.results_dir), run_name, summary,
+                    carry=(CHECKPOINT_FILE, *part_files(run_dir)))
     say(INFO, "final accuracy %.4f after %d rounds (%s start %.4f; %s, %s, %s); results in %s",
         summary["final_accuracy"], config.num_server_rounds, config.head_init,
         summary["initial_accuracy"], config.head, config.schedule, config.partition, out)

@@ -1,7 +1,9 @@
 """A client's side of the personalization phase (`ovalp_flwr.personalize.phase`), for both paths:
 fine-tune the global model with the method the server names and reply with the model, its Local
-curve and snapshots; score the models the server sends on this client's own test split. A path
-says what a model is (the heads on features, or an encoder: `finetune.client`)."""
+curve and snapshots, and the right predictions of the final and the global model on this client's
+own test split (Local, when the server scores Global: `pft-global = "server"`); with
+`pft-global = "clients"`, also score the models the server sends on that split. A path says what
+a model is (the heads on features, or an encoder: `finetune.client`)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ def personalization_reply(msg: Message, context: Context, config: RunConfig, glo
 
     personalizer = make_personalizer(method, config.personalizer_options(method))
     task = Task(loss_for(config.head, stage=2), pft_generator(config.seed, context), on_epoch)
+    global_correct = right_predictions(global_model, test_x, test_y)  # before it is moved
     started = time.perf_counter()
     model = (personalizer.personalize(global_model, LocalData(features, labels), task)
              if len(labels) else global_model)  # nothing to fine-tune on: the global model
@@ -53,12 +56,24 @@ def personalization_reply(msg: Message, context: Context, config: RunConfig, glo
     content = RecordDict({
         p.ARRAYS: p.to_record(arrays),
         p.METRICS: MetricRecord({p.LOCAL_CURVE: curve, p.TRAIN_SECONDS: seconds,
-                                 p.NUM_EXAMPLES: len(labels), p.NUM_TEST: len(test_y)}),
+                                 p.NUM_EXAMPLES: len(labels), p.NUM_TEST: len(test_y),
+                                 p.OWN_CORRECT: right_predictions(model, test_x, test_y),
+                                 p.GLOBAL_OWN_CORRECT: global_correct}),
         p.CONFIG: ConfigRecord({"saved": saved}),
     })
     for epoch, snapshot in snapshots.items():
         content[f"{p.SNAPSHOT_PREFIX}{epoch}"] = p.to_record(snapshot)
     return Message(content=content, reply_to=msg)
+
+
+def right_predictions(model: FeatureModel, test_x: torch.Tensor, test_y: torch.Tensor) -> int:
+    """Right predictions on these rows, counted as `score_reply` counts them (features, then
+    the heads), so a client's Local is the same whoever scores Global."""
+    if not len(test_y):
+        return 0
+    with torch.inference_mode():
+        logits = F.linear(model.features(test_x), model.weight, model.bias)
+        return int((logits.argmax(1) == test_y).sum())
 
 
 def pft_generator(seed: int, context: Context) -> torch.Generator:
