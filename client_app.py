@@ -6,6 +6,8 @@ from types import ModuleType
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from ovalp_flwr.core.memory import return_large_frees
+from ovalp_flwr.federation import simulation_queue
 from ovalp_flwr.federation.chaos import chaos_mod
 from ovalp_flwr.finetune import client as encoder_path
 from ovalp_flwr.ova import client as feature_path
@@ -28,6 +30,10 @@ def handler(name: str):
     return handle
 
 
+# in the simulation runtime's process: its message loop in one scan per pass, not one per node
+simulation_queue.install()
+# a client's Gram statistics are megabytes made once: freed, they go back to the system
+return_large_frees()
 # one_thread_mod: the cached path's tiny head math on one CPU thread, per message
 app = ClientApp(mods=[feature_path.one_thread_mod])
 # chaos_mod: only on nodes whose --node-config names a `chaos` kind (fault rehearsals)

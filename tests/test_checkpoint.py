@@ -6,7 +6,7 @@ import pytest
 
 import client_app
 from ovalp_flwr.federation import protocol as p
-from ovalp_flwr.config import RunConfig
+from ovalp_flwr.config import ConfigError, RunConfig
 from ovalp_flwr.federation.local_grid import app_config
 from ovalp_flwr.federation.results import read_summary
 from server_app import run_server
@@ -106,3 +106,42 @@ def test_resume_needs_a_run_name():
 
     with pytest.raises(ConfigError, match="resume=True .*set run-name"):
         RunConfig.from_mapping({**app_config(), "resume": True})
+
+
+def test_a_round_writes_only_the_variates_that_changed_and_drops_unused_parts(tmp_path):
+    """SCAFFOLD's variates (one per client seen) go to part files: round 2 writes the one that
+    changed (also in place), round 3 after a stage change none; a resume reads them all back."""
+    from ovalp_flwr.federation.checkpoint import (Checkpoint, CheckpointWriter, part_files,
+                                                  read_checkpoint)
+
+    variates = {f"variates/{pid}/weight": np.full((2, 3), pid, np.float32) for pid in range(4)}
+    writer = CheckpointWriter(tmp_path)
+    writer.write(Checkpoint(1, {"global/weight": np.zeros(3), **variates}, {"r": 1}))
+    assert part_files(tmp_path) == ["checkpoint-variates-1.safetensors"]
+    variates["variates/2/weight"][0, 0] = 9.0  # updated in place: still a change
+    writer.write(Checkpoint(2, {"global/weight": np.ones(3), **variates}, {"r": 2}))
+    back = read_checkpoint(tmp_path)
+    assert back.parts == {"checkpoint-variates-1.safetensors": [f"variates/{p}/weight" for p in (0, 1, 3)],
+                          "checkpoint-variates-2.safetensors": ["variates/2/weight"]}
+    assert all(np.array_equal(back.arrays[k], v) for k, v in variates.items())
+    assert np.array_equal(back.arrays["global/weight"], np.ones(3)) and back.state == {"r": 2}
+    resumed = CheckpointWriter(tmp_path)
+    resumed.resume_from(back)
+    kept = {k: back.arrays[k] for k in ("variates/0/weight",)}  # a new stage: the rest are gone
+    resumed.write(Checkpoint(3, {"global/weight": np.ones(3), **kept}, {"r": 3}))
+    assert part_files(tmp_path) == ["checkpoint-variates-1.safetensors"]
+    assert set(read_checkpoint(tmp_path).arrays) == {"global/weight", "variates/0/weight"}
+    (tmp_path / "checkpoint-variates-1.safetensors").unlink()
+    with pytest.raises(ConfigError, match="checkpoint-variates-1.safetensors"):
+        read_checkpoint(tmp_path)
+
+
+def test_a_finished_run_keeps_its_variates_parts_and_goes_on_with_more_rounds(cache_dir, tmp_path):
+    from ovalp_flwr.federation.checkpoint import part_files
+
+    resumable_run(cache_dir, tmp_path, "short", **{"num-server-rounds": 3})
+    run_dir = tmp_path / "results" / "short"
+    assert part_files(run_dir)  # carried over when the results were written
+    longer = resumable_run(cache_dir, tmp_path, "short", resume=True, **{"num-server-rounds": 4})
+    whole = resumable_run(cache_dir, tmp_path, "whole", **{"num-server-rounds": 4})
+    assert [r["accuracy"] for r in longer["rounds"]] == [r["accuracy"] for r in whole["rounds"]]

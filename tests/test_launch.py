@@ -89,6 +89,56 @@ def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd, monke
     assert (flwr_home / "config.toml").exists()
 
 
+def ray_processes_under(temp_dir: Path) -> set[int]:
+    """Live processes of a Ray whose temp dir is `temp_dir` (it is on their command lines)."""
+    found = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if str(temp_dir).encode() in cmdline.read_bytes() and launch._alive(int(cmdline.parent.name)):
+                found.add(int(cmdline.parent.name))
+    return found
+
+
+def test_a_ray_address_that_is_not_host_port_is_refused_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        launch.main(["--ray-address", "head-node", "--num-supernodes", "2"])
+    assert exit_.value.code == 2
+    assert "--ray-address='head-node' is not allowed; use the Ray head's host:port" in \
+        capsys.readouterr().err
+    assert launch.flower_env(Path("/tmp/x"), "10.0.0.5:6379")["RAY_ADDRESS"] == "10.0.0.5:6379"
+
+
+@pytest.mark.e2e(seconds=60)
+def test_flwr_run_on_a_two_raylet_ray_cluster_uses_both_and_matches_in_process(tmp_path, capfd):
+    """`--ray-address`: the simulation joins an existing Ray cluster (a head and a second raylet
+    started with `ray start`, the stand-in of two machines); each raylet hosts a ClientApp actor,
+    the run is the in-process run, and everything started is stopped by PID."""
+    from ovalp_flwr.ops.ray_cluster import actor_placement, alive_nodes, local_cluster
+
+    cache_dir, results_dir = tmp_path / "cache", tmp_path / "results"
+    load_or_build("digits", "pixels", cache_dir, progress=False)
+    options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+               "results-dir": str(results_dir), "num-server-rounds": 2, "partition": "shard"}
+    run_config = " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={v}"
+                          for k, v in {**options, "run-name": "cluster"}.items())
+    flwr_home = tmp_path / "flwr-home"
+    with local_cluster(nodes=2, cpus_per_node=1) as cluster:
+        assert len(alive_nodes(cluster.address)) == 2
+        code = launch.main(["--num-supernodes", "6", "--num-gpus", "0", "--flwr-home",
+                            str(flwr_home), "--ray-address", cluster.address, "--",
+                            "--run-config", run_config])
+        placement = actor_placement(cluster.address)
+    assert code == 0, capfd.readouterr().out
+    assert len(placement) == 2 and all(count >= 1 for count in placement.values()), placement
+    on_ray = read_summary(results_dir / "cluster")
+    local = read_summary(run_local({**options, "run-name": "local"}, 6))
+    assert [local["initial_accuracy"], *(r["accuracy"] for r in local["rounds"])] == \
+        [on_ray["initial_accuracy"], *(r["accuracy"] for r in on_ray["rounds"])]
+    assert [r["train_loss"] for r in local["rounds"]] == [r["train_loss"] for r in on_ray["rounds"]]
+    assert left_behind(flwr_home) == set(), "the run left Flower processes behind"
+    assert ray_processes_under(cluster.temp_dir) == set(), "the cluster's processes outlived it"
+
+
 @pytest.mark.e2e(seconds=55)
 def test_flwr_run_personalizes_with_every_method_as_the_in_process_runner_does(tmp_path, capfd):
     """Personalization through `flwr run` on Ray: per-client and summary metrics for every

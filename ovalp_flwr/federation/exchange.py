@@ -5,6 +5,7 @@ A failed exchange is a `FederationError`: the clients cannot run this configurat
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
@@ -36,7 +37,9 @@ def wait_for_nodes(grid: Grid, timeout: float = 120.0, settle: float = 1.0) -> l
 
 def exchange(grid: Grid, message_type: str, contents: dict[int, RecordDict],
              costs: SetupCosts | None = None) -> dict[int, RecordDict]:
-    """Send one message to each node and return the replies; any client error stops the run."""
+    """Send one message to each node and return the replies, in `contents`' order (not their
+    arrival order: what is added up from them comes out the same under every runtime); any
+    client error stops the run."""
     started = time.perf_counter()
     messages = [Message(content=c, message_type=message_type, dst_node_id=n) for n, c in contents.items()]
     replies = list(grid.send_and_receive(messages))
@@ -48,7 +51,23 @@ def exchange(grid: Grid, message_type: str, contents: dict[int, RecordDict],
         raise FederationError(f"{message_type}: {p.describe_failures(failed)}")
     if len(replies) != len(messages):
         raise FederationError(f"{message_type}: {len(replies)} of {len(messages)} clients replied")
-    return {m.metadata.src_node_id: m.content for m in replies}
+    by_node = {m.metadata.src_node_id: m.content for m in replies}
+    return {node: by_node[node] for node in contents if node in by_node}
+
+
+def exchange_in_chunks(grid: Grid, message_type: str, contents: dict[int, RecordDict],
+                       costs: SetupCosts | None = None, chunk: int | None = None
+                       ) -> Iterator[dict[int, RecordDict]]:
+    """`exchange` with at most `chunk` nodes at a time (None: all at once), yielding each
+    chunk's replies: a caller that folds them in (class statistics, megabytes per node) holds
+    one chunk's replies, not the federation's, and so does the SuperLink."""
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk={chunk} is not allowed; use 1 or more nodes (or None: all)")
+    nodes = list(contents)
+    size = chunk or max(len(nodes), 1)
+    for start in range(0, len(nodes), size):
+        yield exchange(grid, message_type, {n: contents[n] for n in nodes[start:start + size]},
+                       costs)
 
 
 class SetupCosts:

@@ -13,8 +13,8 @@ from flwr.serverapp.strategy import Result
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.normalize import NormStats
 from ovalp_flwr.federation import protocol as p
-from ovalp_flwr.federation.checkpoint import (Checkpoint, check_resumable, comparable, pack,
-                                              read_checkpoint, unpack, write_checkpoint)
+from ovalp_flwr.federation.checkpoint import (Checkpoint, CheckpointWriter, check_resumable,
+                                              comparable, pack, read_checkpoint, unpack)
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError
 from ovalp_flwr.federation.strategy import Staged
@@ -49,6 +49,7 @@ class Checkpoints:
         self.seconds_before = 0.0  # the run's seconds in the processes before this one
         self.started = time.time()
         self._partition: dict[int, int] = {}  # every node seen -> its partition id
+        self.writer = CheckpointWriter(run_dir)  # SCAFFOLD's variates: only the changed ones
 
     def partition_of(self, node: int) -> int:
         return self._partition[node]
@@ -64,7 +65,7 @@ class Checkpoints:
                  "result": _history(result), "head_init": self.head_init,
                  "resumes": self.resumes,
                  "seconds": self.seconds_before + time.time() - self.started}
-        write_checkpoint(self.run_dir, Checkpoint(server_round, {
+        self.writer.write(Checkpoint(server_round, {
             **pack("global", p.from_record(arrays)), **strategy_arrays}, state))
 
     def restore(self, checkpoint: Checkpoint) -> dict:
@@ -81,6 +82,7 @@ class Checkpoints:
         self.strategy.restore(checkpoint.arrays, state["strategy"],
                               lambda partition: holders.get(partition, -1 - partition))
         self.evaluator.restore(state["evaluator"])
+        self.writer.resume_from(checkpoint)
         self.head_init, self.seconds_before = state["head_init"], state["seconds"]
         self.resumes = [*state["resumes"], {"round": k, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}]
         arrays = p.to_record(unpack("global", checkpoint.arrays))

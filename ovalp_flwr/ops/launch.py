@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,6 +29,7 @@ from pathlib import Path
 from ovalp_flwr.ops.console import RunConsole, new_log_path, relative
 from ovalp_flwr.federation.results import read_summary
 from ovalp_flwr.federation.single_run import iid_twin, summary_lines
+from ovalp_flwr.ops.timings import LineClock, write_clock
 
 PROJECT = Path(__file__).resolve().parents[2]
 CONNECTION = "ovalp-local"
@@ -41,14 +43,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def flower_env(flwr_home: Path) -> dict[str, str]:
+def flower_env(flwr_home: Path, ray_address: str | None = None) -> dict[str, str]:
     """Environment for Flower's processes: local state, no telemetry, no runtime pip.
 
-    Our interpreter's bin/ goes first on PATH: the SuperLink starts `flower-superexec`
-    and the simulation runtime by name.
+    Our interpreter's bin/ goes first on PATH: the SuperLink starts `flower-superexec` and the
+    simulation runtime by name. `ray_address`: the Ray cluster it joins (`ops/ray_cluster.py`).
     """
     return {
         **os.environ,
+        **({"RAY_ADDRESS": ray_address} if ray_address else {}),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "FLWR_HOME": str(flwr_home),
         "FLWR_TELEMETRY_ENABLED": "0",
@@ -157,7 +160,8 @@ def _wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: flo
 
 
 @contextlib.contextmanager
-def simulation_superlink(flwr_home: Path, cwd: Path = PROJECT) -> Iterator[tuple[subprocess.Popen, str]]:
+def simulation_superlink(flwr_home: Path, cwd: Path = PROJECT, ray_address: str | None = None
+                         ) -> Iterator[tuple[subprocess.Popen, str]]:
     """A simulation SuperLink in its own process group; yields (process, address)."""
     flwr_home.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -165,7 +169,8 @@ def simulation_superlink(flwr_home: Path, cwd: Path = PROJECT) -> Iterator[tuple
     command = [_bin("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
                "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "ab") as log_file:
-        process = subprocess.Popen(command, cwd=cwd, env=flower_env(flwr_home), stdout=log_file,
+        env = flower_env(flwr_home, ray_address)
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log_file,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_for_port(port, process, log)
@@ -200,20 +205,20 @@ def federation_config(num_supernodes: int, num_gpus: float) -> str:
             f"client-resources-num-gpus={num_gpus}")
 
 
-def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Path,
-             num_gpus: float | None = None, verbose: bool = False) -> int:
-    """Run the app on `num_supernodes` virtual SuperNodes.
+def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Path, num_gpus:
+             float | None = None, verbose: bool = False, ray_address: str | None = None) -> int:
+    """Run the app on `num_supernodes` virtual SuperNodes (on the Ray cluster at `ray_address`).
 
     Returns `flwr run`'s exit code, or 1 if the run printed no result line (a failed
     ServerApp still lets `flwr run --stream` exit 0).
     """
     if num_gpus is None:
         num_gpus = 0.25 if _has_cuda() else 0.0
-    console = RunConsole(new_log_path(flwr_home), verbose)
+    console = LineClock().attach(RunConsole(new_log_path(flwr_home), verbose))  # ops/timings.py
     console.also_search(flwr_home / "superlink.log")
     print(f"simulating {num_supernodes} SuperNodes; full log: {relative(console.log_path)}",
           flush=True)
-    with simulation_superlink(flwr_home, cwd=app) as (_, address):
+    with simulation_superlink(flwr_home, cwd=app, ray_address=ray_address) as (_, address):
         write_connection(flwr_home, CONNECTION, address)
         code, final_line = stream_flwr_run(
             app, CONNECTION, flwr_home,
@@ -304,6 +309,7 @@ def report_result(code: int, final_line: str | None, console: RunConsole) -> int
         return code or 1
     run_dir = Path(final_line.rsplit(RESULTS_IN, 1)[1]) if RESULTS_IN in final_line else None
     if run_dir is not None and (run_dir / "summary.json").is_file():
+        write_clock(console, run_dir)  # launcher.json: seconds from the command to each round
         summary = read_summary(run_dir)
         print(summary_lines(summary, iid_twin(run_dir.parent, summary)))
         final_line = f"{final_line.rsplit(RESULTS_IN, 1)[0]}{RESULTS_IN}{relative(run_dir)}"
@@ -362,12 +368,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="the Flower app's folder (default: this project)")
     parser.add_argument("--flwr-home", type=Path, default=PROJECT / ".flwr",
                         help="Flower's state and the runs' logs (default: %(default)s)")
+    parser.add_argument("--ray-address", default=None,
+                        help="an existing Ray cluster's head (host:port, or 'auto': the last "
+                             "`ray start` here) to run on, instead of a Ray of its own")
     args, flwr_args = flwr_args_after_dashes(parser, argv)
+    if args.ray_address not in (None, "auto") and not re.fullmatch(r"[^:]+:\d{1,5}", args.ray_address):
+        parser.error(f"--ray-address={args.ray_address!r} is not allowed; use the Ray head's "
+                     "host:port (its GCS port, e.g. 10.0.0.5:6379) or 'auto'")
     if not preflight(args.app.resolve(), flwr_args):
         return 2
     with sigterm_unwinds():
         return simulate(args.app.resolve(), args.num_supernodes, flwr_args,
-                        args.flwr_home.resolve(), args.num_gpus, args.verbose)
+                        args.flwr_home.resolve(), args.num_gpus, args.verbose, args.ray_address)
 
 
 def preflight(app: Path, flwr_args: list[str]) -> bool:

@@ -84,7 +84,7 @@ def check_data(config: RunConfig, app: Path) -> None:
     cache_dir = cache_dir if cache_dir.is_absolute() else app / cache_dir
     if cache_path(cache_dir, config.dataset, config.encoder, **config.cache_options()).exists():
         try:  # the ServerApp's own check (manifest, sizes, hashes): under a second
-            load_features(config.dataset, config.encoder, cache_dir)
+            load_features(config.dataset, config.encoder, cache_dir, **config.cache_options())
         except CacheError as err:
             raise PreflightError(str(err)) from None
         return

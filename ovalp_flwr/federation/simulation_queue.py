@@ -1,0 +1,88 @@
+"""Flower's simulation runtime hands messages to virtual SuperNodes in one scan per pass.
+
+Flower's simulation runtime (flwr 1.41, `vce_api.add_messages_to_queue`) polls its in-memory
+state every 0.1 s with `get_message_ins(node_id, limit=1)` for every virtual node, and each
+call scans every message the state holds: a pass costs nodes x messages (10,000 nodes and a
+10% round: 10^7 message checks every 0.1 s; `benchmarks/simulation_queue.py` times it), under
+the state's lock, so the ServerApp's pushes and pulls and the runtime's replies wait for it. `install` swaps that loop, in the process that
+runs the simulation, for one that hands out the same messages (at most one per node per pass,
+the oldest first, marked delivered, expired or foreign ones dropped by the state's own check)
+from one scan of the state per pass: messages, not nodes x messages.
+
+Installed when the ClientApp is loaded (`client_app.py`): the simulation runtime loads it, and
+starts the loop after that. Elsewhere (a Ray worker, a SuperNode's ClientApp process, a test)
+the runtime's module is not loaded and nothing changes. A Flower whose state or loop is not the
+one this was written against keeps its own loop (`compatible`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from queue import Queue
+from typing import Any
+
+VCE_API = "flwr.server.superlink.fleet.vce.vce_api"
+TESTED = ("1.41.",)  # flwr versions whose vce loop and in-memory state this replaces
+
+
+def undelivered(state: Any, node_ids: set[int]) -> list:
+    """What one pass of Flower's loop hands out, from one scan: for each of `node_ids`, its
+    oldest message not yet delivered, now marked delivered. The state's own check first drops
+    expired messages and messages between nodes no longer in one federation, as
+    `get_message_ins` does message by message."""
+    from flwr.supercore.date import now  # late: only the simulation's process gets here
+
+    with state.lock:
+        ids = list(state.message_ins_store)
+        state._check_stored_messages(set(ids))  # pylint: disable=protected-access
+        found, served = [], set()
+        for message_id in ids:
+            message = state.message_ins_store.get(message_id)
+            if message is None or message.metadata.delivered_at != "":
+                continue
+            node = message.metadata.dst_node_id
+            if node in node_ids and node not in served:
+                found.append(message)
+                served.add(node)
+        delivered_at = now().isoformat()
+        for message in found:
+            message.metadata.delivered_at = delivered_at
+    return found
+
+
+def add_messages_to_queue(state: Any, queue: Queue, nodes_mapping: dict[int, int],
+                          f_stop: threading.Event) -> None:
+    """`vce_api.add_messages_to_queue` with one scan of the state per pass."""
+    node_ids = set(nodes_mapping)
+    while not f_stop.is_set():
+        for message in undelivered(state, node_ids):
+            queue.put(message)
+        f_stop.wait(0.1)
+
+
+def compatible(vce_api: Any, version: str) -> bool:
+    """The runtime's loop, state and version are the ones `undelivered` mirrors."""
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState  # late: as above
+
+    return (version.startswith(TESTED)
+            and callable(getattr(vce_api, "add_messages_to_queue", None))
+            and callable(getattr(InMemoryLinkState, "_check_stored_messages", None)))
+
+
+def install(modules: dict[str, Any] | None = None,
+            version: Callable[[], str] | None = None) -> bool:
+    """Swap the simulation runtime's loop for `add_messages_to_queue`, if that runtime is
+    loaded in this process and compatible; True if it was swapped (or already was)."""
+    vce_api = (sys.modules if modules is None else modules).get(VCE_API)
+    if vce_api is None:
+        return False
+    if vce_api.add_messages_to_queue is add_messages_to_queue:
+        return True
+    import flwr  # late: as above
+
+    if not compatible(vce_api, (version or (lambda: flwr.__version__))()):
+        return False
+    vce_api.add_messages_to_queue = add_messages_to_queue
+    return True

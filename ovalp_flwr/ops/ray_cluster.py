@@ -1,0 +1,155 @@
+"""A Ray cluster for the simulation: a stand-in of two machines on this one, and where the
+ClientApp actors ran.
+
+Flower's simulation calls `ray.init()` with its backend config's `init_args`; in flwr 1.41 the
+federation config carries only `init-args-num-cpus`, `-num-gpus`, `-logging-level` and
+`-log-to-driver` (`flwr/proto/federation_config.proto`), no address. `ray.init()` without one
+joins the cluster named by `RAY_ADDRESS` in its environment, so the launcher's `--ray-address`
+puts it into the environment of the SuperLink, whose simulation process inherits it
+(`launch.flower_env`). `local_cluster` starts a head and further raylets with `ray start
+--block`, each in its own process group with its own ports and a private temp dir (so no other
+Ray on this machine joins it by accident), and stops them by PID: never `ray stop`, which stops
+every Ray on the machine.
+
+    python -m ovalp_flwr.ops.ray_cluster --nodes 2 -- --num-supernodes 8 -- --run-config "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ovalp_flwr.ops.launch import _bin, free_port, stop_groups
+
+ACTOR_CLASS = "ClientAppActor"  # Flower's Ray actor that runs the ClientApp
+OBJECT_STORE_BYTES = 300 * 2**20  # per raylet: the heads' messages are kilobytes
+
+
+def node_command(temp_dir: Path, num_cpus: int, head_port: int | None) -> list[str]:
+    """`ray start --block` for the head (listening on `head_port`) or, with head_port None, for
+    a raylet (the caller adds `--address`); every port its own, so several fit on one machine."""
+    ports = {"--node-manager-port": free_port(), "--object-manager-port": free_port(),
+             "--dashboard-agent-listen-port": free_port(),
+             "--dashboard-agent-grpc-port": free_port(), "--runtime-env-agent-port": free_port(),
+             "--metrics-export-port": free_port()}
+    command = [_bin("ray"), "start", "--block", "--num-cpus", str(num_cpus), "--num-gpus", "0",
+               "--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats",
+               "--node-ip-address", "127.0.0.1"]
+    for flag, port in ports.items():
+        command += [flag, str(port)]
+    return command + (["--head", "--port", str(head_port), "--temp-dir", str(temp_dir),
+                       "--dashboard-host", "127.0.0.1", "--dashboard-port", str(free_port()),
+                       "--ray-client-server-port", str(free_port())]
+                      if head_port is not None else [])
+
+
+def ray_query(address: str, code: str, timeout: float = 60.0) -> object:
+    """Run `code` (which prints one JSON value) in a fresh Python connected to `address`: this
+    process never becomes a Ray driver."""
+    script = ("import json, ray, logging\n"
+              f"ray.init(address={address!r}, logging_level=logging.ERROR, log_to_driver=False)\n"
+              + code)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"ray query on {address} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def alive_nodes(address: str) -> list[str]:
+    """Node ids of the cluster's live raylets."""
+    return ray_query(address, "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive']]))")
+
+
+def actor_placement(address: str) -> dict[str, int]:
+    """How many ClientApp actors each node (by node id) hosted in this cluster's life, dead
+    actors included: the GCS's actor table (`ray._private.state.actors`), which, unlike the
+    state API (`ray.util.state.list_actors`), needs no dashboard (and `ray[default]`) running."""
+    code = ("from ray._private.state import actors\n"
+            "print(json.dumps([a['Address']['NodeID'] for a in actors().values()"
+            f" if a['ActorClassName'] == {ACTOR_CLASS!r}]))")
+    return dict(Counter(ray_query(address, code)))
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    """A running stand-in cluster: the head's address and the Ray temp dir of all its nodes."""
+
+    address: str
+    temp_dir: Path
+
+
+@contextlib.contextmanager
+def local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout: float = 90.0
+                  ) -> Iterator[LocalCluster]:
+    """A head and `nodes - 1` more raylets on this machine; yields it once all are in the
+    cluster. Everything it started is stopped by PID on the way out."""
+    if nodes < 1 or cpus_per_node < 1:
+        raise ValueError(f"nodes={nodes}, cpus_per_node={cpus_per_node} are not allowed; "
+                         "use 1 or more of each")
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # Ray's socket paths: keep it short
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    processes: list[subprocess.Popen] = []
+    try:
+        for i in range(nodes):
+            command = node_command(temp_dir, cpus_per_node, port if i == 0 else None)
+            if i:
+                command += ["--address", address]
+            with open(temp_dir / f"node-{i}.log", "ab") as log:
+                processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                  start_new_session=True))
+            _wait_for_nodes(address, i + 1, processes, temp_dir, timeout)
+        yield LocalCluster(address, temp_dir)
+    finally:
+        stop_groups(processes)
+    shutil.rmtree(temp_dir, ignore_errors=True)  # kept, with its logs, when start-up failed
+
+
+def _wait_for_nodes(address: str, count: int, processes: list[subprocess.Popen], temp_dir: Path,
+                    timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for i, process in enumerate(processes):
+            if process.poll() is not None:
+                raise RuntimeError(f"ray start (node {i}) exited with {process.returncode}; see "
+                                   f"{temp_dir / f'node-{i}.log'}")
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            if len(alive_nodes(address)) >= count:
+                return
+        time.sleep(1.0)
+    raise RuntimeError(f"the Ray cluster at {address} did not reach {count} nodes in "
+                       f"{timeout:.0f} s; see {temp_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the stand-in cluster, run the launcher on it, print the actors' placement."""
+    from ovalp_flwr.ops import launch  # late: only the command line runs a launch
+
+    parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.ops.ray_cluster",
+                                     description=main.__doc__)
+    parser.add_argument("--nodes", type=int, default=2, help="raylets (default: %(default)s)")
+    parser.add_argument("--cpus-per-node", type=int, default=1)
+    parser.add_argument("launch_args", nargs=argparse.REMAINDER,
+                        help="after `--`: the launcher's arguments")
+    args = parser.parse_args(argv)
+    launch_args = args.launch_args[1:] if args.launch_args[:1] == ["--"] else args.launch_args
+    with launch.sigterm_unwinds(), local_cluster(args.nodes, args.cpus_per_node) as cluster:
+        code = launch.main(["--ray-address", cluster.address, *launch_args])
+        placement = actor_placement(cluster.address)
+    print(f"ClientApp actors per Ray node: {json.dumps(placement)}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
