@@ -10,9 +10,11 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
 from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.core.memory import return_large_frees
 from ovalp_flwr.features.cache import CacheError
 from ovalp_flwr.features.encoders import EncoderError, WeightsUnavailable
 from ovalp_flwr.federation.exchange import FederationError
+from ovalp_flwr.federation.polling import fast_replies
 from ovalp_flwr.finetune.server import run_finetune
 from ovalp_flwr.ova.server import run_ova
 
@@ -24,13 +26,15 @@ def run_server(grid: Grid, config: RunConfig) -> Path:
     return run_finetune(grid, config)
 
 
+return_large_frees()  # every client's statistics pass through: freed, back to the system
 app = ServerApp()
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     try:
-        run_server(grid, RunConfig.from_mapping(context.run_config))
+        # replies pulled 0.1 s apart, not Flower's 3 s (federation/polling.py)
+        run_server(fast_replies(grid), RunConfig.from_mapping(context.run_config))
     except (ConfigError, CacheError, EncoderError, WeightsUnavailable, FederationError) as err:
         # one clear line, no traceback
         log(ERROR, "%s", err)

@@ -169,3 +169,92 @@ def test_run_config_picks_the_strategy():
     scaffold = make_strategy(RunConfig(local_optimizer="sgd", drift_correction="scaffold",
                                        learning_rate=0.2, aggregation_weights="uniform"))
     assert scaffold.variates.learning_rate == 0.2 and scaffold.aggregation_weights == "uniform"
+
+
+# --- each reply decoded once: the same numbers as Flower's FedAvg / FedAdam and the old SCAFFOLD ---
+
+
+def random_replies(sent: list[Message], rng: np.random.Generator, steps: int = 3) -> list[Message]:
+    replies = []
+    for m in sent:
+        content = RecordDict({
+            p.ARRAYS: p.to_record({"weight": rng.standard_normal((2, 3)).astype(np.float32)}),
+            p.METRICS: MetricRecord({p.NUM_EXAMPLES: int(rng.integers(1, 50)), p.TRAIN_LOSS: 0.1,
+                                     p.TRAIN_SECONDS: 0.01, p.LOCAL_STEPS: steps})})
+        replies.append(Message(content=content, reply_to=m))
+    return replies
+
+
+def test_the_staged_average_is_flowers_fedavg_and_fedadam_bit_for_bit():
+    from flwr.serverapp.strategy import FedAdam, FedAvg
+
+    rng = np.random.default_rng(7)
+    strategy, sent = requests(6, start=0.3)
+    replies = random_replies(sent, rng)
+    ours, metrics = strategy.aggregate_train(1, replies)
+    flowers, flower_metrics = FedAvg(weighted_by_key=p.NUM_EXAMPLES).aggregate_train(1, replies)
+    assert np.array_equal(ours["weight"].numpy(), flowers["weight"].numpy())
+    assert dict(metrics) == dict(flower_metrics)
+    adam, sent = requests(6, StagedFedAdam(stage_for_round=lambda r: 2, seed=0, eta=0.1), start=0.3)
+    flower_adam = FedAdam(eta=0.1, weighted_by_key=p.NUM_EXAMPLES)
+    flower_adam.current_arrays = {"weight": np.full((2, 3), 0.3, np.float32)}
+    for server_round in (1, 2):
+        replies = random_replies(sent, rng)
+        ours, _ = adam.aggregate_train(server_round, replies)
+        flowers, _ = flower_adam.aggregate_train(server_round, replies)
+        assert np.array_equal(ours["weight"].numpy(),
+                              flowers["weight"].numpy().astype(np.float32))
+
+
+def test_scaffold_variates_and_corrections_are_the_formulas_bit_for_bit_round_after_round():
+    """Buffers reused from round to round (in place) give the old expressions' exact bits."""
+    lr, rng = 0.05, np.random.default_rng(11)
+    strategy = strategy_for(RunConfig(schedule="single-stage"), control_variates=ControlVariates(lr),
+                            fraction_train=0.75)
+    grid = make_grid(8)
+    expected: dict[int, tuple[float, np.ndarray]] = {}  # node -> (weight, c_i), recomputed here
+    global_weight = np.zeros((2, 3), np.float32)
+    for server_round in range(1, 6):
+        sent = list(strategy.configure_train(server_round, p.to_record({"weight": global_weight}),
+                                             ConfigRecord(), grid))
+        corrections = {}
+        if expected:
+            total = sum(w for w, _ in expected.values())
+            shared = sum(w * c for w, c in expected.values()) / total
+            for m in sent:
+                node = m.metadata.dst_node_id
+                corrections[node] = shared if node not in expected else shared - expected[node][1]
+                got = m.content[p.CORRECTION]["weight"].numpy()
+                assert np.array_equal(got, corrections[node]), (server_round, node)
+        replies = random_replies(sent, rng, steps=server_round)
+        arrays, _ = strategy.aggregate_train(server_round, replies)
+        for m in replies:
+            node = m.metadata.src_node_id
+            local = m.content[p.ARRAYS]["weight"].numpy()
+            variate = (global_weight - local) / (server_round * lr)
+            if node in corrections:
+                variate = variate - corrections[node]
+            expected[node] = (float(m.content[p.METRICS][p.NUM_EXAMPLES]), variate)
+        for node, (_, variate) in expected.items():
+            assert np.array_equal(strategy.variates.clients[node][1]["weight"], variate)
+        global_weight = arrays["weight"].numpy()
+
+
+def test_a_non_finite_reply_is_refused_and_the_mean_is_the_others():
+    """The strategy clears finiteness on the mean; a NaN anywhere sends it to each reply."""
+    config = RunConfig(drift_correction="none", local_optimizer="adamw")
+    for check in (None, True):
+        strategy, sent = requests(3, strategy_for(config))
+        if check:
+            clients = {m.metadata.dst_node_id: {p.NUM_EXAMPLES: 5} for m in sent}
+            strategy.check_reply = lambda node, arrays, metrics, glob: None if node in clients \
+                else "unknown"
+        bad = np.ones((2, 3), np.float32)
+        bad[1, 2] = np.nan
+        replies = [reply(sent[0], 1.0, 5), reply(sent[1], bad, 5), reply(sent[2], 3.0, 5),
+                   reply(sent[2], np.full((2, 3), np.inf, np.float32), 0)]  # empty, not finite
+        arrays, _ = strategy.aggregate_train(1, replies)
+        assert np.array_equal(arrays["weight"].numpy(), np.full((2, 3), 2.0, np.float32))
+        reasons = [r["reason"] for r in strategy.rounds[1]["rejections"]]
+        assert reasons == ["arrays 'weight' has 1 non-finite value(s)",
+                           "arrays 'weight' has 6 non-finite value(s)"]

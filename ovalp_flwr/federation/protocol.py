@@ -10,6 +10,8 @@ for them (`STATISTICS_KIND`) and the reply carries them (`STATISTICS`): no extra
 
 from __future__ import annotations
 
+from io import BytesIO
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message
 
@@ -52,10 +54,28 @@ SNAPSHOT_PREFIX = "epoch:"  # PERSONALIZE reply: the model after epoch <e>, epoc
 CORRECT_PREFIX = "correct:"  # SCORE_PERSONALIZED reply: right predictions of model <name>
 DISTANCE_PREFIX = "distance:"  # ... and the sum of its features' L2 distances to the global's
 NUM_TEST = "num-test"  # size of the client's own test split
+NUMPY = "numpy.ndarray"  # flwr's SType.NUMPY: an Array whose data are np.save's bytes
+OWN_CORRECT = "own-correct"  # PERSONALIZE reply: the final model's right predictions on it
+GLOBAL_OWN_CORRECT = "global-own-correct"  # ... and the global model's, before fine-tuning
 
 
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in arrays.items()})
+    return ArrayRecord({key: to_array(value) for key, value in arrays.items()})
+
+
+def to_array(value: np.ndarray) -> Array:
+    """`Array(value)`'s bytes (np.save's), with one copy where np.save's BytesIO makes two:
+    the server encodes a SCAFFOLD correction per client per round."""
+    value = np.ascontiguousarray(value)
+    header = BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(value))
+    except ValueError:  # a header over 64 KiB (millions of dimensions): np.save's version 2
+        return Array(value)
+    if value.dtype.hasobject:
+        return Array(value)  # np.save's refusal, unchanged
+    data = b"".join((header.getvalue(), value.reshape(-1).view(np.uint8)))
+    return Array(dtype=str(value.dtype), shape=tuple(value.shape), stype=NUMPY, data=data)
 
 
 def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:

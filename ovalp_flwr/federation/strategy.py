@@ -35,8 +35,11 @@ from flwr.supercore import log
 from ovalp_flwr.federation.checkpoint import pack, unpack
 from ovalp_flwr.federation.protocol import (ACCURACY, ARRAYS, CORRECTION, METRICS, NUM_EXAMPLES,
                                             STAGE, TRAIN_LOSS, TRAIN_SECONDS, describe_failures,
-                                            from_record, to_record)
+                                            to_record)
+from ovalp_flwr.federation.replies import (TrainReply, UndecodableReply, decode_reply,
+                                           weighted_mean, weighted_metrics)
 from ovalp_flwr.federation.scaffold import ControlVariates
+from ovalp_flwr.federation.validation import check_finite
 from ovalp_flwr.ops.console import say
 
 # (node, arrays, metrics, the global arrays it was sent) -> why the train reply is refused, or None
@@ -44,10 +47,10 @@ ReplyCheck = Callable[[int, dict[str, np.ndarray], dict, dict[str, np.ndarray]],
 
 
 def message_bytes(content: RecordDict) -> int:
-    """Payload bytes of a message: serialized arrays, metrics and config (no framing)."""
-    records = [*content.array_records.values(), *content.metric_records.values()]
-    return (sum(record.count_bytes() for record in records)
-            + sum(config_bytes(record) for record in content.config_records.values()))
+    """Payload bytes of a message: serialized arrays, metrics and config (no framing). One pass
+    over the records (RecordDict's typed views are rebuilt on every access)."""
+    return sum(config_bytes(record) if isinstance(record, ConfigRecord) else record.count_bytes()
+               for record in content.values())
 
 
 def config_bytes(record: ConfigRecord) -> int:
@@ -142,8 +145,9 @@ class Staged:
             if new_arrays is not None:
                 result.arrays = arrays = new_arrays
             self._record(result.train_metrics_clientapp, server_round, train_metrics)
-            replies = grid.send_and_receive(
-                self.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout=timeout)
+            evaluate = list(self.configure_evaluate(server_round, arrays, evaluate_config, grid))
+            # fraction-evaluate = 0: no exchange at all (Flower's grid would still pull once)
+            replies = grid.send_and_receive(evaluate, timeout=timeout) if evaluate else []
             self._record(result.evaluate_metrics_clientapp, server_round,
                          self.aggregate_evaluate(server_round, replies))
             if evaluate_fn is not None:
@@ -219,13 +223,22 @@ class Staged:
         self.rounds[server_round] = {
             "stage": round_config[STAGE],
             "clients_sampled": len(node_ids),
-            "bytes_sent_per_client": float(np.mean([message_bytes(m.content) for m in messages]))
-            if messages else message_bytes(content),
+            "bytes_sent_per_client": self._bytes_sent(content, messages),
             "drift_correction": bool(corrections),
         }
         log(INFO, "configure_train: round %s, stage %s, %s clients%s", server_round,
             round_config[STAGE], len(node_ids), ", SCAFFOLD-corrected" if corrections else "")
         return messages
+
+    @staticmethod
+    def _bytes_sent(content: RecordDict, messages: list[Message]) -> float:
+        """Mean payload per train message: the shared content plus what each message adds."""
+        shared = message_bytes(content)
+        if not messages:
+            return float(shared)
+        extra = [sum(message_bytes(RecordDict({key: record})) for key, record in m.content.items()
+                     if key not in content) for m in messages]
+        return float(shared + np.mean(extra))
 
     def _train_message(self, content: RecordDict, node_id: int,
                        correction: dict[str, np.ndarray] | None) -> Message:
@@ -264,76 +277,102 @@ class Staged:
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """FedAvg (or the base strategy's step) over the clients that trained on data, added up
         in the clients' partition order, not their replies' arrival order: floating-point sums
-        then come out the same under Ray, in deployment and in process, bit for bit."""
-        replies = sorted(replies, key=self._position)
+        then come out the same under Ray, in deployment and in process, bit for bit. Each
+        reply's arrays are decoded once (`replies.TrainReply`) and read by the screen, the
+        average and SCAFFOLD."""
+        start = time.perf_counter()
+        rank = self._ranks()
+        replies = sorted(replies, key=lambda m: rank(m.metadata.src_node_id))
         ok = [m for m in replies if not m.has_error()]
         if len(ok) < len(replies):  # a round whose clients all failed must say why
             say(WARNING, "round %s: %s", server_round,
                 describe_failures([m for m in replies if m.has_error()]))
         accepted, rejections = self._screen(server_round, ok)
-        trained = _with_data(accepted)
-        start = time.perf_counter()
-        weighted = [self._reweighted(m) for m in trained]
-        arrays, metrics = super().aggregate_train(server_round, weighted) if trained else (None, None)
+        trained, mean = self._finite_mean(
+            [r for r in accepted if _number(r.metrics.get(NUM_EXAMPLES)) > 0], server_round,
+            rejections)
+        rejections.sort(key=lambda refused: rank(refused["node"]))  # the replies' order
+        arrays, metrics = self._combine(server_round, trained, mean) if trained else (None, None)
         if self.variates is not None and trained:
-            self.variates.update(self._global, trained, lambda m: _metric(self._reweighted(m), NUM_EXAMPLES))
+            self.variates.update(self._global, trained)
         record = self.rounds.setdefault(server_round, {})
-        record.update(_reply_costs(ok, trained, len(replies) - len(ok)))  # rejected: replied
+        record.update(_reply_costs(ok, trained, len(replies) - len(ok)))
         record["clients_timed_out"] = record.get("clients_sampled", len(replies)) - len(replies)
         record["clients_rejected"] = len(rejections)
         record["rejections"] = rejections
         record["server_aggregate_seconds"] = time.perf_counter() - start
         return arrays, metrics
 
-    def _screen(self, server_round: int, replies: list[Message]) -> tuple[list[Message], list[dict]]:
-        """The replies that pass `check_reply`, and {node, reason} for each one refused. A node's
-        first refusal is logged; after `exclude_after` of them it is no longer sampled."""
+    def _finite_mean(self, trained: list[TrainReply], server_round: int, rejections: list[dict]
+                     ) -> tuple[list[TrainReply], dict[str, np.ndarray]]:
+        """The trained replies whose arrays are all finite, and their weighted mean. With weights
+        > 0 a sum is finite only if every term is, so one check of the mean clears them all; only
+        a non-finite mean (a bad reply, or an overflow) makes each reply be checked, the bad ones
+        refused and the mean computed again."""
+        mean = weighted_mean(trained) if trained else {}
+        if check_finite(mean) is None:
+            return trained, mean
+        finite = []
+        for reply in trained:
+            reason = check_finite(reply.arrays)
+            if reason is None:
+                finite.append(reply)
+            else:
+                self._refuse(server_round, reply.node, reason, rejections)
+        return finite, weighted_mean(finite) if finite else {}
+
+    def _combine(self, server_round: int, trained: list[TrainReply],
+                 mean: dict[str, np.ndarray]) -> tuple[ArrayRecord, MetricRecord]:
+        """The new global model from the replies' weighted mean (the server's step), and their
+        weighted metrics."""
+        metrics = weighted_metrics(trained)
+        return self._server_step(server_round, to_record(mean), metrics), metrics
+
+    def _server_step(self, server_round: int, mean: ArrayRecord, metrics: MetricRecord
+                     ) -> ArrayRecord:
+        """The new global model from the mean: FedAvg takes it as it is."""
+        return mean
+
+    def _screen(self, server_round: int, replies: list[Message]
+                ) -> tuple[list[TrainReply], list[dict]]:
+        """The replies that pass `check_reply`, decoded, and {node, reason} for each one refused.
+        A node's first refusal is logged; after `exclude_after` of them it is no longer sampled."""
         accepted, rejections = [], []
+        uniform = self.aggregation_weights == "uniform"
         for message in replies:
             node = message.metadata.src_node_id
-            reason = self._refusal(message)
+            try:
+                reply = decode_reply(message, uniform)
+            except UndecodableReply as err:
+                reply, reason = None, str(err)
+            else:
+                reason = (None if self.check_reply is None else
+                          self.check_reply(node, reply.arrays, reply.metrics, self._global))
+            if reason is None and _number(reply.metrics.get(NUM_EXAMPLES)) <= 0:
+                reason = check_finite(reply.arrays)  # no data: not in the mean, checked here
             if reason is None:
-                accepted.append(message)
-                continue
-            rejections.append({"node": node, "reason": reason})
-            self.rejected[node] = self.rejected.get(node, 0) + 1
-            if self.rejected[node] == 1:
-                say(WARNING, "round %s: reply of node %s rejected (not averaged): %s",
-                    server_round, node, reason)
-            if self.exclude_after and self.rejected[node] >= self.exclude_after:
-                self.excluded.add(node)
-                say(WARNING, "node %s excluded from sampling after %s rejected replies", node,
-                    self.rejected[node])
+                accepted.append(reply)
+            else:
+                self._refuse(server_round, node, reason, rejections)
         return accepted, rejections
 
-    def _refusal(self, message: Message) -> str | None:
-        """Why a train reply must not be averaged, or None."""
-        content = message.content
-        if ARRAYS not in content.array_records or METRICS not in content.metric_records:
-            return f"the reply lacks its {ARRAYS!r} or {METRICS!r} record"
-        try:
-            arrays = from_record(content[ARRAYS])
-        except (ValueError, TypeError) as err:
-            return f"its arrays do not deserialize ({err})"
-        if self.check_reply is None:
-            return None
-        return self.check_reply(message.metadata.src_node_id, arrays, dict(content[METRICS]),
-                                self._global)
+    def _refuse(self, server_round: int, node: int, reason: str, rejections: list[dict]) -> None:
+        """Record a refused reply; a node's first refusal is logged, and after `exclude_after`
+        of them it is no longer sampled."""
+        rejections.append({"node": node, "reason": reason})
+        self.rejected[node] = self.rejected.get(node, 0) + 1
+        if self.rejected[node] == 1:
+            say(WARNING, "round %s: reply of node %s rejected (not averaged): %s",
+                server_round, node, reason)
+        if self.exclude_after and self.rejected[node] >= self.exclude_after:
+            self.excluded.add(node)
+            say(WARNING, "node %s excluded from sampling after %s rejected replies", node,
+                self.rejected[node])
 
-    def _position(self, message: Message) -> tuple[int, int]:
-        """Where a reply's node stands in the sampling order (nodes outside it: last)."""
-        node = message.metadata.src_node_id
-        order = self.node_order or []
-        return (order.index(node) if node in order else len(order), node)
-
-    def _reweighted(self, message: Message) -> Message:
-        """The reply as the average should weigh it: as is, or counting once (uniform)."""
-        if self.aggregation_weights == "samples":
-            return message
-        metrics = MetricRecord({**_metrics(message), NUM_EXAMPLES: 1})
-        content = RecordDict({**message.content.array_records, METRICS: metrics})
-        return Message(content=content, message_type=message.metadata.message_type,
-                       dst_node_id=message.metadata.src_node_id)
+    def _ranks(self) -> Callable[[int], tuple[int, int]]:
+        """node -> where it stands in the sampling order (nodes outside it: last, by id)."""
+        order = {node: i for i, node in enumerate(self.node_order or [])}
+        return lambda node: (order.get(node, len(order)), node)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Sample-weighted local accuracy over clients that have data (and a plausible score)."""
@@ -346,15 +385,11 @@ def _metrics(message: Message) -> MetricRecord:
     return next(iter(message.content.metric_records.values()))
 
 
-def _metric(message: Message, key: str) -> float:
-    return float(_metrics(message)[key])
-
-
-def _reply_costs(ok: list[Message], trained: list[Message], failures: int) -> dict:
+def _reply_costs(ok: list[Message], trained: list[TrainReply], failures: int) -> dict:
     """Per-round client costs: who trained, how long, how many bytes came back."""
-    seconds = [_metric(m, TRAIN_SECONDS) for m in trained]
-    examples = np.array([_metric(m, NUM_EXAMPLES) for m in trained])
-    losses = np.array([_metric(m, TRAIN_LOSS) for m in trained])
+    seconds = [float(r.metrics[TRAIN_SECONDS]) for r in trained]
+    examples = np.array([float(r.metrics[NUM_EXAMPLES]) for r in trained])
+    losses = np.array([float(r.metrics[TRAIN_LOSS]) for r in trained])
     received = [message_bytes(m.content) for m in ok]
     return {
         "clients_replied": len(ok),
@@ -375,7 +410,11 @@ def _with_data(replies: Iterable[Message]) -> list[Message]:
 def _examples(message: Message) -> float:
     """The reply's num-examples; 0 when it has none to read (a malformed reply)."""
     records = message.content.metric_records
-    value = next(iter(records.values())).get(NUM_EXAMPLES) if records else None
+    return _number(next(iter(records.values())).get(NUM_EXAMPLES) if records else None)
+
+
+def _number(value) -> float:
+    """A finite number as a float; anything else 0."""
     return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else 0.0
 
 
@@ -392,16 +431,16 @@ class StagedFedAvg(Staged, FedAvg):
 class StagedFedAdam(Staged, FedAdam):
     """Flower's FedAdam (Reddi et al., 2021) on the averaged update, with the stage schedule."""
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAdam's step, kept in the head's dtype.
+    def _server_step(self, server_round: int, mean: ArrayRecord, metrics: MetricRecord
+                     ) -> ArrayRecord:
+        """FedAdam's step on the mean, given to Flower's FedAdam as the round's one reply of
+        weight 1 (its FedAvg multiplies it by 1.0: unchanged), kept in the head's dtype.
 
         Flower's FedAdam scales by a NumPy float64, which under NumPy 2 promotes float32
         weights to float64 and would double every later message.
         """
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        if arrays is not None:
-            arrays = to_record({key: value.numpy().astype(self._global[key].dtype, copy=False)
-                                for key, value in arrays.items()})
-        return arrays, metrics
+        content = RecordDict({ARRAYS: mean, METRICS: MetricRecord({**metrics, NUM_EXAMPLES: 1})})
+        averaged = Message(content=content, message_type=MessageType.TRAIN, dst_node_id=0)
+        arrays, _ = FedAdam.aggregate_train(self, server_round, [averaged])
+        return to_record({key: value.numpy().astype(self._global[key].dtype, copy=False)
+                          for key, value in arrays.items()})

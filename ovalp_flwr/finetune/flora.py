@@ -23,7 +23,8 @@ from flwr.serverapp.strategy import FedAvg
 
 from ovalp_flwr.finetune.lora import FedAvgLoRA, delta_weight
 from ovalp_flwr.finetune.model import EncoderClassifier
-from ovalp_flwr.federation.protocol import ARRAYS, NUM_EXAMPLES, from_record, to_record
+from ovalp_flwr.federation.protocol import from_record, to_record
+from ovalp_flwr.federation.replies import TrainReply
 from ovalp_flwr.federation.strategy import Staged
 
 STACKS = "flora-stacks"  # the train message's record of "<round>/<layer>/A|B" stacks to merge
@@ -106,30 +107,9 @@ class FLoRA(FedAvgLoRA):
         return updates
 
 
-class _StackingAggregate(FedAvg):
-    """FedAvg for the heads; the LoRA modules stacked into the round's update, then restarted."""
-
-    flora: FLoRA
-    fresh: dict[str, np.ndarray]  # the LoRA modules every round starts from (B = 0)
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        replies = list(replies)
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        if arrays is None:
-            return arrays, metrics
-        parts = [(from_record(m.content[ARRAYS]),
-                  float(next(iter(m.content.metric_records.values()))[NUM_EXAMPLES]))
-                 for m in replies]
-        stack = self.flora.stack(parts)
-        self.stacks[server_round] = stack
-        self.delta = self.flora.merged(self.delta, stack)
-        restarted = {key: self.fresh.get(key, value.numpy()) for key, value in arrays.items()}
-        return to_record(restarted), metrics
-
-
-class StagedFLoRA(Staged, _StackingAggregate):
-    """The run's strategy under `finetune = "flora"`: Staged's sampling, screening and costs."""
+class StagedFLoRA(Staged, FedAvg):
+    """The run's strategy under `finetune = "flora"`: Staged's sampling, screening and costs;
+    FedAvg for the heads, the LoRA modules stacked into the round's update, then restarted."""
 
     def __init__(self, *, flora: FLoRA, fresh: dict[str, np.ndarray], **options) -> None:
         self.flora, self.fresh = flora, fresh
@@ -155,3 +135,13 @@ class StagedFLoRA(Staged, _StackingAggregate):
             if not message.has_error():
                 self.merged_by[message.metadata.src_node_id] = server_round - 1
         return super().aggregate_train(server_round, replies)
+
+    def _combine(self, server_round: int, trained: list[TrainReply],
+                 mean: dict[str, np.ndarray]) -> tuple[ArrayRecord, MetricRecord]:
+        """The mean (the heads' FedAvg); the LoRA modules' stack kept, the modules restarted."""
+        arrays, metrics = super()._combine(server_round, trained, mean)
+        stack = self.flora.stack([(reply.arrays, float(reply.weight)) for reply in trained])
+        self.stacks[server_round] = stack
+        self.delta = self.flora.merged(self.delta, stack)
+        restarted = {key: self.fresh.get(key, value.numpy()) for key, value in arrays.items()}
+        return to_record(restarted), metrics

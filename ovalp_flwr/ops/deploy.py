@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ovalp_flwr.ops import certs as certs_module
+from ovalp_flwr.ops.timings import LineClock
 from ovalp_flwr.ops.console import LogFollower, RunConsole, new_log_path, relative
 from ovalp_flwr.ops.launch import (
     PROJECT,
@@ -91,6 +92,7 @@ class Deployment:
     certs: Path | None = None  # set when secure: CA cert, server cert/key, node keys
     superlink_command: list[str] = field(default_factory=list)  # to start it again
     cwd: Path = PROJECT
+    warm_clientapps: bool = True  # process isolation: ClientApps forked (clientapp_runtime)
 
     @property
     def secure(self) -> bool:
@@ -164,6 +166,13 @@ def runtime_command(runtime_api_address: str, root_certificates: Path | None = N
     return [_bin("flower-superexec"), *security, "--runtime-api-address", runtime_api_address]
 
 
+def warm_runtime_command(runtime_api_address: str) -> list[str]:
+    """`runtime_command` for a SuperNode, with ClientApps forked from a process that has
+    already imported them (`ovalp_flwr.ops.clientapp_runtime`): same flags, same tasks."""
+    return [sys.executable, "-m", "ovalp_flwr.ops.clientapp_runtime", "--insecure",
+            "--runtime-api-address", runtime_api_address]
+
+
 def register_supernode(deployment: Deployment, public_key: Path) -> str:
     """`flwr supernode register <public_key> ovalp-deploy`; its output (raises on failure)."""
     return flwr_cli(deployment.flwr_home, "supernode", "register", str(public_key), CONNECTION)
@@ -201,21 +210,27 @@ def start_supernode(deployment: Deployment, partition_id: int, num_partitions: i
     node = Node(partition_id, _start(command, logs / f"{name}.log", deployment.flwr_home, cwd))
     deployment.nodes.append(node)
     if deployment.isolation == "process":
-        node.runtime = _start(runtime_command(f"127.0.0.1:{port}"), logs / f"{name}-clientapp.log",
-                              deployment.flwr_home, cwd)
+        address = f"127.0.0.1:{port}"
+        command = (warm_runtime_command(address) if deployment.warm_clientapps
+                   else runtime_command(address))
+        node.runtime = _start(command, logs / f"{name}-clientapp.log", deployment.flwr_home, cwd)
     return node
 
 
 @contextlib.contextmanager
 def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None = None,
                      cwd: Path = PROJECT, secure: bool = False, isolation: str = DEFAULT_ISOLATION,
-                     num_partitions: int | None = None) -> Iterator[Deployment]:
+                     num_partitions: int | None = None,
+                     warm_clientapps: bool = True) -> Iterator[Deployment]:
     """SuperLink + N SuperNodes (+ their runtimes under process isolation); everything
     stopped on the way out, whatever happens.
 
     `secure`: TLS + SuperNode authentication, with throwaway certs under `<flwr_home>/certs`.
     `num_partitions` (default N): more than N leaves partitions N.. for nodes that join later
-    (`start_supernode`).
+    (`start_supernode`). `warm_clientapps` (process isolation): each node's runtime forks its
+    ClientApps from a process that has imported them (`ovalp_flwr.ops.clientapp_runtime`);
+    False: Flower's `flower-superexec`, a fresh `flwr-clientapp` process with all its imports
+    per message.
     """
     _check_isolation(isolation)
     flwr_home.mkdir(parents=True, exist_ok=True)
@@ -229,7 +244,8 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
     command = superlink_command(port, isolation, certs, flwr_home / "deploy" / "state.db")
     superlink = _start(command, log, flwr_home, cwd)
     deployment = Deployment(f"127.0.0.1:{port}", flwr_home, superlink, isolation, certs=certs,
-                            superlink_command=command, cwd=cwd)
+                            superlink_command=command, cwd=cwd,
+                            warm_clientapps=warm_clientapps)
     try:
         _wait_for_port(port, superlink, log)
         if isolation == "process":
@@ -287,19 +303,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--isolation", choices=ISOLATIONS, default=DEFAULT_ISOLATION,
                         help="process: separate flower-superexec runtimes, as docker/compose.yml "
                              "(default); subprocess: SuperLink and SuperNodes start the apps")
+    parser.add_argument("--cold-clientapps", action="store_true",
+                        help="process isolation: Flower's flower-superexec for the nodes, a fresh "
+                             "flwr-clientapp process with all its imports per message (default: "
+                             "forked from one that has imported them, ops/clientapp_runtime.py)")
+    started = time.monotonic()
     args, flwr_args = flwr_args_after_dashes(parser, list(argv) if argv is not None else None)
     if not preflight(args.app.resolve(), flwr_args):
         return 2
-    started = time.monotonic()
     flwr_home = args.flwr_home.resolve()
     console = RunConsole(new_log_path(flwr_home, "deploy"), args.verbose)
+    LineClock().attach(console)  # launcher.json: seconds from the command (ops/timings.py)
     console.also_search(flwr_home / "deploy" / "superlink.log")
     print(f"deploying {args.num_supernodes} SuperNodes ({args.isolation} isolation"
           f"{', TLS + node auth' if args.tls else ''}); full log: {relative(console.log_path)}, "
           f"each process's in {relative(flwr_home / 'deploy')}/", flush=True)
     with sigterm_unwinds(), local_deployment(args.num_supernodes, flwr_home,
                                              args.node_dir, args.app.resolve(), secure=args.tls,
-                                             isolation=args.isolation) as deployment:
+                                             isolation=args.isolation,
+                                             warm_clientapps=not args.cold_clientapps) as deployment:
         code, final_line = run_app(deployment, args.app.resolve(), flwr_args, console)
     print(f"deployment of {args.num_supernodes} SuperNodes: {time.monotonic() - started:.0f} s")
     return report_result(code, final_line, console)

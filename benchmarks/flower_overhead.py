@@ -1,0 +1,267 @@
+"""What Flower's plumbing costs around our arithmetic, side by side in one run.
+
+- `aggregation`: the server's own work per round at K = 100 classes, D = 1280 features and 100
+  clients (the staged strategy's configure_train and aggregate_train on 100 synthetic replies:
+  the reply screen, the weighted mean, SCAFFOLD's variates and corrections) against the bare
+  weighted mean of the same, already decoded, float32 heads.
+- `rounds`: the default config run in process (`federation.local_grid`), with `flwr run` on Ray
+  (`ops.launch`) and on a local deployment of SuperLink + 3 SuperNodes (`ops.deploy`): seconds
+  per round, for the set-up, the whole command and to 95% of the ceiling, read from each
+  run's own results (`ops.timings`), and its accuracies (every runner must give the same).
+
+Results go to benchmarks/results/flower_overhead.{json,md}:
+
+    .venv/bin/python benchmarks/flower_overhead.py                  # both parts
+    .venv/bin/python benchmarks/flower_overhead.py --only aggregation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path(__file__).resolve().parent / "results"
+
+
+# --- aggregation ------------------------------------------------------------------------------
+
+
+def _replies(messages, rng: np.random.Generator, global_arrays: dict) -> list:
+    """One train reply per message: the global head plus noise, 500 samples, 30 local steps."""
+    from flwr.app import Message, MetricRecord, RecordDict
+
+    from ovalp_flwr.federation import protocol as p
+
+    noise = [{key: rng.standard_normal(value.shape, dtype=np.float32) * 1e-3
+              for key, value in global_arrays.items()} for _ in range(7)]
+    shift = int(rng.integers(7))
+    replies = []
+    for i, message in enumerate(messages):
+        local = {key: value + noise[(i + shift) % 7][key] * (1 + i % 3)
+                 for key, value in global_arrays.items()}
+        content = RecordDict({p.ARRAYS: p.to_record(local), p.METRICS: MetricRecord({
+            p.NUM_EXAMPLES: 500, p.TRAIN_LOSS: 0.1, p.TRAIN_SECONDS: 0.01, p.LOCAL_STEPS: 30})})
+        replies.append(Message(content=content, reply_to=message))
+    return replies
+
+
+def bare_mean(heads: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
+    """The arithmetic alone, on decoded heads: sum_i x_i * w_i / sum w in float32, in place."""
+    total = sum(weights)
+    mean = {key: value * (weights[0] / total) for key, value in heads[0].items()}
+    scratch = {key: np.empty_like(value) for key, value in mean.items()}
+    for head, weight in zip(heads[1:], weights[1:]):
+        for key, value in head.items():
+            np.multiply(value, weight / total, out=scratch[key])
+            mean[key] += scratch[key]
+    return mean
+
+
+def aggregation(classes: int, dim: int, clients: int, rounds: int, drift_correction: str) -> dict:
+    """Median milliseconds per round of the strategy's configure_train and aggregate_train (from
+    round 3: SCAFFOLD's corrections start once clients have reported in stage 2), and of the
+    bare weighted mean of the same replies, decoded beforehand."""
+    from flwr.app import ConfigRecord
+    from flwr.clientapp import ClientApp
+
+    from ovalp_flwr.config import RunConfig
+    from ovalp_flwr.federation import protocol as p
+    from ovalp_flwr.federation.local_grid import InProcessGrid
+    from ovalp_flwr.federation.rounds import make_strategy, train_reply_check
+
+    config = RunConfig(drift_correction=drift_correction, stage1_rounds=1)
+    grid = InProcessGrid(ClientApp(), clients, run_config={})
+    nodes = sorted(grid.get_node_ids())
+    described = {node: {p.NUM_EXAMPLES: 500, p.PARTITION_ID: i, p.NUM_PARTITIONS: clients}
+                 for i, node in enumerate(nodes)}
+    strategy = make_strategy(config, node_order=nodes,
+                             check_reply=train_reply_check(config, described, 30))
+    rng = np.random.default_rng(0)
+    global_arrays = {"weight": rng.standard_normal((classes, dim), dtype=np.float32) * 0.01,
+                     "bias": np.zeros(classes, np.float32)}
+    arrays = p.to_record(global_arrays)
+    times: dict[str, list[float]] = {"configure_train": [], "aggregate_train": [],
+                                     "bare_mean": [], "gemv": []}
+    for server_round in range(1, rounds + 1):
+        started = time.perf_counter()
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        configured = time.perf_counter()
+        replies = _replies(messages, rng, global_arrays)
+        received = time.perf_counter()
+        new_arrays, _ = strategy.aggregate_train(server_round, replies)
+        aggregated = time.perf_counter()
+        heads = [p.from_record(m.content[p.ARRAYS]) for m in replies]
+        weights = [500.0] * len(heads)
+        mean_started = time.perf_counter()
+        mean = bare_mean(heads, weights)
+        mean_done = time.perf_counter()
+        stacked = np.stack([np.concatenate([h["weight"].ravel(), h["bias"]]) for h in heads])
+        factors = np.full(len(heads), 1 / len(heads), np.float32)
+        gemv_started = time.perf_counter()
+        factors @ stacked
+        gemv_done = time.perf_counter()
+        assert all(np.array_equal(mean[key], new_arrays[key].numpy()) for key in mean), \
+            "the strategy's mean is not the bare mean, bit for bit"
+        arrays = new_arrays
+        if server_round >= 3:
+            times["configure_train"].append(configured - started)
+            times["aggregate_train"].append(aggregated - received)
+            times["bare_mean"].append(mean_done - mean_started)
+            times["gemv"].append(gemv_done - gemv_started)
+    ms = {key: 1e3 * statistics.median(values) for key, values in times.items()}
+    ms["server"] = ms["configure_train"] + ms["aggregate_train"]
+    return {"drift_correction": drift_correction, "classes": classes, "dim": dim,
+            "clients": clients, "rounds_timed": rounds - 2, "ms": ms,
+            "aggregate_over_mean": ms["aggregate_train"] / ms["bare_mean"],
+            "server_over_mean": ms["server"] / ms["bare_mean"]}
+
+
+def aggregation_table(rows: list[dict]) -> list[str]:
+    lines = ["| local step | configure_train | aggregate_train | server per round | bare mean "
+             "| aggregate / mean | server / mean | (BLAS gemv on stacked heads) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ms = row["ms"]
+        lines.append(f"| {'SGD + SCAFFOLD' if row['drift_correction'] == 'scaffold' else 'SGD'} "
+                     f"| {ms['configure_train']:.1f} ms | {ms['aggregate_train']:.1f} ms "
+                     f"| {ms['server']:.1f} ms | {ms['bare_mean']:.1f} ms "
+                     f"| {row['aggregate_over_mean']:.2f}x | {row['server_over_mean']:.2f}x "
+                     f"| {ms['gemv']:.1f} ms |")
+    return lines
+
+
+# --- rounds: in process, flwr run, deployment -------------------------------------------------
+
+PY = ".venv/bin/python"
+IN_PROCESS = ("from ovalp_flwr.federation.local_grid import run_local; "
+              "from ovalp_flwr.ops.preflight import parse_overrides; import sys; "
+              "run_local(parse_overrides([sys.argv[2]]), int(sys.argv[1]))")
+RUNNERS = {  # runner -> the command for (clients, run config)
+    "in process": lambda n, rc: [PY, "-c", IN_PROCESS, str(n), rc],
+    "flwr run (Ray)": lambda n, rc: [PY, "-m", "ovalp_flwr.ops.launch", "--num-supernodes",
+                                     str(n), "--", "--run-config", rc],
+    "deployment": lambda n, rc: [PY, "-m", "ovalp_flwr.ops.deploy", "-n", str(n), "--",
+                                 "--run-config", rc],
+}
+
+
+def timed_run(runner: str, clients: int, rounds: int, results: Path, target: float) -> dict:
+    """One run of the default config through `runner`; its timings (`ops.timings`), the command's
+    wall seconds measured here, and its accuracies (to check that every runner got the same)."""
+    import subprocess
+
+    from ovalp_flwr.ops.timings import run_timings
+
+    name = f"overhead-{runner.split()[0].lower()}-{clients}"
+    run_config = f"num-server-rounds={rounds} results-dir='{results}' run-name='{name}'"
+    started = time.monotonic()
+    done = subprocess.run(RUNNERS[runner](clients, run_config), cwd=Path(__file__).parents[1],
+                          capture_output=True, text=True)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{runner} with {clients} clients failed ({done.returncode}):\n"
+                         f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    timings = run_timings(results / name, target)
+    summary = json.loads((results / name / "summary.json").read_text())
+    curve = [summary["initial_accuracy"], *(r["accuracy"] for r in summary["rounds"])]
+    return {"runner": runner, "clients": clients, "wall_seconds": wall, "accuracies": curve,
+            **{key: timings[key] for key in ("median_round_seconds", "setup_seconds",
+                                             "serverapp_seconds", "target_round",
+                                             "seconds_to_target", "command_seconds")}}
+
+
+def rounds_part(rounds: int, results: Path, target: float, sizes: list[tuple[str, int]]) -> list:
+    rows = [timed_run(runner, clients, rounds, results, target) for runner, clients in sizes]
+    for clients in {c for _, c in sizes}:
+        same = [r for r in rows if r["clients"] == clients]
+        for row in same:
+            row["same_accuracies_as_in_process"] = row["accuracies"] == same[0]["accuracies"]
+            row["round_over_in_process"] = (row["median_round_seconds"]
+                                            / same[0]["median_round_seconds"])
+    return rows
+
+
+def rounds_table(rows: list[dict], target: float) -> list[str]:
+    lines = ["| runner | clients | per round (median) | x in process | set-up | whole command "
+             f"| to {100 * target:.2f}% (round) | same accuracies |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        to_target = ("-" if r["seconds_to_target"] is None else
+                     f"{r['seconds_to_target']:.1f} s ({r['target_round']})")
+        lines.append(f"| {r['runner']} | {r['clients']} | {r['median_round_seconds']:.2f} s "
+                     f"| {r['round_over_in_process']:.1f}x | {r['setup_seconds']:.1f} s "
+                     f"| {r['wall_seconds']:.1f} s | {to_target} "
+                     f"| {'yes' if r['same_accuracies_as_in_process'] else 'NO'} |")
+    return lines
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
+
+
+def write(name: str, payload: dict, lines: list[str]) -> None:
+    """benchmarks/results/<name>.{json,md}, each written whole under a temp name, then renamed."""
+    OUT.mkdir(exist_ok=True)
+    for suffix, text in ((".json", json.dumps(payload, indent=1)), (".md", "\n".join(lines) + "\n")):
+        path = OUT / f"{name}{suffix}"
+        temp = path.with_suffix(suffix + ".tmp")
+        temp.write_text(text)
+        temp.replace(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=("aggregation", "rounds"), default=None)
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--dim", type=int, default=1280)
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--run-rounds", type=int, default=20, help="rounds of each timed run")
+    parser.add_argument("--target", type=float, default=0.9025,
+                        help="accuracy to time the runs to: 95%% of the digits ceiling (95.00%%, "
+                             "benchmarks/results/centralised_ceiling.md)")
+    parser.add_argument("--results-dir", type=Path, default=Path("/tmp/ovalp-overhead"))
+    args = parser.parse_args()
+    payload: dict = {"machine": machine()}
+    lines = ["# Flower's plumbing around our arithmetic", "",
+             "Command: `.venv/bin/python benchmarks/flower_overhead.py`; machine: "
+             f"{payload['machine']}.", ""]
+    if args.only in (None, "aggregation"):
+        rows = [aggregation(args.classes, args.dim, args.clients, args.rounds, drift)
+                for drift in ("none", "scaffold")]
+        payload["aggregation"] = rows
+        lines += [f"## Server work per round: K = {args.classes}, D = {args.dim}, "
+                  f"{args.clients} clients", "",
+                  f"Medians over rounds 3-{args.rounds} (from round 3 SCAFFOLD sends "
+                  "corrections). The bare mean is the arithmetic any bit-identical FedAvg does "
+                  "(in place, float32, on arrays decoded beforehand); the strategy's mean is "
+                  "checked equal to it, bit for bit, every round.", "",
+                  *aggregation_table(rows), ""]
+    if args.only in (None, "rounds"):
+        sizes = [("in process", 3), ("flwr run (Ray)", 3), ("deployment", 3),
+                 ("in process", 100), ("flwr run (Ray)", 100)]
+        rows = rounds_part(args.run_rounds, args.results_dir.resolve(), args.target, sizes)
+        payload["rounds"] = rows
+        lines += [f"## Rounds: the default config, {args.run_rounds} rounds, each runner", "",
+                  "Per round: the ServerApp's `round_seconds`, median over rounds 2.. "
+                  "(`python -m ovalp_flwr.ops.timings`); set-up: the ServerApp's, to the "
+                  "start's score; whole command: from the command to its exit, measured "
+                  "around it; to the target: from the command to the first score at or above "
+                  "it, as the launcher saw the line. In-process runs print no stream, so "
+                  "they have no such time.", "", *rounds_table(rows, args.target), ""]
+    write("flower_overhead", payload, lines)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""A SuperNode's ClientApp runtime that starts each ClientApp by forking a process that has
+already imported Flower's ClientApp runtime and this app's modules (torch included).
+
+    python -m ovalp_flwr.ops.clientapp_runtime --insecure --runtime-api-address 127.0.0.1:9094
+
+It is `flower-superexec` (Flower's own loop, `flwr.supercore.superexec.run_superexec`, same
+flags) with one change: a ClientApp task is run by `os.fork()` of this process, whose child
+runs Flower's `run_clientapp` with the task's token, exactly as the `flwr-clientapp` process
+that `flower-superexec` would start (Flower 1.41: `SubprocessExecutor.launch`). Every
+message still gets a fresh process: nothing one message leaves in memory reaches the next,
+and the node's state goes through Flower's `Context` as before. What the fork saves is the
+interpreter's start and the imports, about 2 s of CPU per message here (`python -X
+importtime -c "import client_app"`: torch alone 1 s), on a machine where three nodes share two
+cores. The app's `client_app.py` itself is still imported in the child, from the FAB Flower
+installed for the run, so the code that runs is the run's.
+
+Other task types (and ClientApps when `--cold` is given) go to Flower's `flwr-*` processes
+unchanged. Its poll for tasks (Flower: every 1 s, `FLWR_SUPEREXEC_TASK_POLL_INTERVAL`) is
+`POLL_INTERVAL` unless that variable is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Sequence
+
+from flwr.supercore import log
+from flwr.supercore.constant import TaskType
+from flwr.supercore.exit.exit_handler import registered_exit_handlers
+from flwr.supercore.superexec import run_superexec as superexec
+from flwr.supercore.superexec.executor import LaunchResult
+from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+from flwr.supercore.tls import validate_and_resolve_root_certificates
+from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # flwr/supercore/superexec/run_superexec.py
+POLL_INTERVAL = 0.1  # s; Flower's default 1 s adds up to 1 s to every message
+# what a ClientApp process of this app imports (client_app.py's imports), loaded once here
+PRELOAD = ("flwr.supernode.runtime.run_clientapp", "flwr.clientapp", "ovalp_flwr.ova.client",
+           "ovalp_flwr.finetune.client", "ovalp_flwr.federation.chaos")
+APP_PACKAGES = ("ovalp_flwr", "client_app", "server_app")  # the FAB's own: imported from it
+
+
+def preload(modules: Sequence[str] = PRELOAD) -> None:
+    """Import what every ClientApp imports, once, before any fork, then forget this app's own
+    modules: a child imports them again from the run's FAB (about 0.16 s here), as a fresh
+    `flwr-clientapp` would, and only the third-party ones (torch, numpy, Flower) are shared.
+    No torch op runs here: a parent with torch's thread pools started would hand them broken
+    to its children."""
+    for module in modules:
+        importlib.import_module(module)
+    for name in [name for name in sys.modules if name.split(".")[0] in APP_PACKAGES]:
+        del sys.modules[name]
+
+
+def run_forked_clientapp(spec) -> None:
+    """In the fork's child: Flower's ClientApp process for `spec` (an `ExecutionSpec`), then
+    exit without returning into the parent's loop."""
+    code = 1
+    try:
+        # the parent's exit handlers close the parent's connections: not the child's to run
+        registered_exit_handlers.clear()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
+        sys.argv = ["flwr-clientapp", "--token", "<forked>"]  # what Flower reads of argv[0]
+        log(20, "Start `flwr-clientapp` process")  # flwr-clientapp's first line (INFO)
+        run_clientapp(
+            runtime_api_address=spec.runtime_api_address,
+            token=spec.token,
+            insecure=spec.insecure,
+            certificates=validate_and_resolve_root_certificates(spec.root_certificates_path,
+                                                                spec.insecure),
+            parent_pid=spec.parent_pid,
+            runtime_dependency_install=spec.runtime_dependency_install,
+        )
+        code = 0
+    except SystemExit as exit_:  # flwr_exit ends every ClientApp process this way
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the child must never return to the parent's loop
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class ForkingExecutor(SubprocessExecutor):
+    """Flower's SubprocessExecutor, with ClientApp tasks forked (`run_forked_clientapp`) unless
+    `cold`; reaps its children between polls (no zombies)."""
+
+    def __init__(self, cold: bool = False) -> None:
+        self.cold, self.children = cold, set()
+
+    def launch(self, spec) -> LaunchResult:
+        if self.cold or spec.task_type != TaskType.CLIENT_APP:
+            return super().launch(spec)
+        pid = os.fork()
+        if pid == 0:
+            run_forked_clientapp(spec)  # never returns
+        self.children.add(pid)
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        for pid in list(self.children):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                self.children.discard(pid)
+
+
+def run(runtime_api_address: str, root_certificates: str | None, cold: bool = False) -> None:
+    """Flower's SuperExec loop with the forking executor (blocks until stopped)."""
+    os.environ.setdefault(TASK_POLL_ENV, str(POLL_INTERVAL))
+    if not cold:
+        preload()
+    executor = ForkingExecutor(cold)
+    # Flower's loop asks `get_executor` for its executor: hand it ours
+    superexec.get_executor = lambda *_args, **_kwargs: executor
+    superexec.run_superexec(runtime_api_address=runtime_api_address,
+                            insecure=root_certificates is None,
+                            root_certificates_path=root_certificates)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.ops.clientapp_runtime",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runtime-api-address", required=True,
+                        help="the SuperNode's runtime API (its --port), as flower-superexec's")
+    security = parser.add_mutually_exclusive_group(required=True)
+    security.add_argument("--insecure", action="store_true", help="no TLS, as flower-superexec's")
+    security.add_argument("--root-certificates", default=None,
+                          help="CA certificate for TLS, as flower-superexec's")
+    parser.add_argument("--cold", action="store_true",
+                        help="start every ClientApp as a fresh flwr-clientapp process (Flower's way)")
+    args = parser.parse_args(argv)
+    run(args.runtime_api_address, args.root_certificates, args.cold)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""ops/timings.py: a run's seconds per round and from the command to a target accuracy."""
+
+from __future__ import annotations
+
+import json
+
+from ovalp_flwr.ops.timings import LineClock, main, run_timings
+
+
+def write_summary(run_dir, seconds, accuracies, initial=0.5):
+    run_dir.mkdir(parents=True)
+    rounds = [{"round": r, "accuracy": a, "round_seconds": s}
+              for r, (s, a) in enumerate(zip(seconds, accuracies), 1)]
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"rounds": rounds, "initial_accuracy": initial, "total_seconds": 12.0,
+         "setup": {"seconds": 2.0}}))
+
+
+def test_round_seconds_leave_out_the_first_round(tmp_path):
+    write_summary(tmp_path / "run", [9.0, 3.0, 4.0, 5.0], [0.6, 0.7, 0.8, 0.9])
+    timings = run_timings(tmp_path / "run")
+    assert timings["median_round_seconds"] == 4.0 and timings["mean_round_seconds"] == 4.0
+    assert timings["target_round"] == 4  # 95% of 0.9 = 0.855: only round 4
+    assert timings["command_seconds"] is None and timings["seconds_to_target"] is None
+
+
+def test_the_launcher_clock_gives_the_seconds_to_the_target(tmp_path, capsys):
+    write_summary(tmp_path / "run", [9.0, 3.0], [0.6, 0.9], initial=0.88)
+    clock = LineClock(started=0.0)
+    clock.seen("\x1b[92mINFO \x1b[0m:      » round 0/2  start    accuracy 0.8800")
+    clock.seen("\x1b[92mINFO \x1b[0m:      configure_train: round 1, stage 1, 3 clients")
+    clock.rounds[1] = 99.0
+    clock.write(tmp_path / "run")
+    timings = run_timings(tmp_path / "run", target=0.85)
+    assert timings["target_round"] == 0 and timings["seconds_to_target"] > 0
+    assert timings["seconds_to_target"] == clock.rounds[0]
+    assert set(clock.rounds) == {0, 1}
+    assert main([str(tmp_path / "run"), "--target", "0.95"]) == 0
+    assert json.loads(capsys.readouterr().out)["target_round"] is None
