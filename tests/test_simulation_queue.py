@@ -4,6 +4,8 @@ per-node loop hands out, from Flower's real in-memory state."""
 import time
 import types
 
+import pytest
+
 from flwr.app import RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
@@ -91,3 +93,9 @@ def test_install_swaps_the_loop_only_where_the_runtime_runs_and_only_a_tested_fl
     assert install({VCE_API: runtime}, version=lambda: "1.41.0") is True
     assert runtime.add_messages_to_queue is simulation_queue.add_messages_to_queue
     assert install({VCE_API: runtime}, version=lambda: "1.99.0") is True  # already swapped
+
+
+def test_the_pause_is_short_after_a_quick_scan_and_bounded_by_flowers():
+    assert simulation_queue.pause(0.0001) == simulation_queue.MIN_PAUSE
+    assert simulation_queue.pause(0.009) == pytest.approx(0.081)  # 10,000 nodes: lock <= 1/10
+    assert simulation_queue.pause(1.0) == simulation_queue.FLOWER_PAUSE

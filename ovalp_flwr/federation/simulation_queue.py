@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable
 from queue import Queue
 from typing import Any
 
 VCE_API = "flwr.server.superlink.fleet.vce.vce_api"
 TESTED = ("1.41.",)  # flwr versions whose vce loop and in-memory state this replaces
+FLOWER_PAUSE = 0.1  # s between Flower's passes (vce_api.py:180)
+MIN_PAUSE = 0.01  # s between ours, when a scan is quick
 
 
 def undelivered(state: Any, node_ids: set[int]) -> list:
@@ -54,12 +57,22 @@ def undelivered(state: Any, node_ids: set[int]) -> list:
 
 def add_messages_to_queue(state: Any, queue: Queue, nodes_mapping: dict[int, int],
                           f_stop: threading.Event) -> None:
-    """`vce_api.add_messages_to_queue` with one scan of the state per pass."""
+    """`vce_api.add_messages_to_queue` with one scan of the state per pass, and a pause after
+    it of `pause(scan seconds)` instead of Flower's 0.1 s: a round's messages wait 0.01 s, not
+    up to 0.1 s, to be handed out, and the scan still holds the state's lock a tenth of the
+    time at most (10,000 nodes, 1,000 messages in flight: a 9 ms scan, then 90 ms)."""
     node_ids = set(nodes_mapping)
     while not f_stop.is_set():
+        started = time.perf_counter()
         for message in undelivered(state, node_ids):
             queue.put(message)
-        f_stop.wait(0.1)
+        f_stop.wait(pause(time.perf_counter() - started))
+
+
+def pause(scan_seconds: float) -> float:
+    """Seconds to wait after a scan that took `scan_seconds`: MIN_PAUSE, or nine times the scan
+    (the lock held at most a tenth of the time), at most Flower's 0.1 s."""
+    return min(FLOWER_PAUSE, max(MIN_PAUSE, 9 * scan_seconds))
 
 
 def compatible(vce_api: Any, version: str) -> bool:
