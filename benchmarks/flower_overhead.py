@@ -152,17 +152,53 @@ RUNNERS = {  # runner -> the command for (clients, run config)
 }
 
 
+ROOT = Path(__file__).resolve().parents[1]
+NODE_LOGS = ROOT / ".flwr-deploy" / "deploy"  # ops.deploy's default --flwr-home: supernode-<i>.log
+# on PYTHONPATH for the deployment run: Flower's log lines get timestamps (node_phases reads them)
+TIMESTAMPS = Path(__file__).resolve().parent / "timestamps"
+
+
+def node_phases(offsets: dict[Path, int]) -> dict:
+    """Each SuperNode's train messages in the log lines written since `offsets` (file -> size
+    before the run), phase by phase (`ops.timings.node_timeline`): medians and maxima over every
+    message of every node, and how many replies Flower saw at its first 0.5 s step."""
+    from ovalp_flwr.ops.timings import node_timeline
+
+    messages = []
+    for log, offset in offsets.items():
+        with open(log, "rb") as handle:
+            handle.seek(offset)
+            messages += node_timeline(handle.read().decode(errors="replace"))
+    phases = {phase: [m[phase] for m in messages if phase in m]
+              for phase in ("pull", "reply_wait", "push", "idle")}
+    return {"messages": len(messages),
+            "first_step": sum(wait < 0.75 for wait in phases["reply_wait"]),
+            **{f"{phase}_median": statistics.median(values) for phase, values in phases.items()
+               if values},
+            **{f"{phase}_max": max(values) for phase, values in phases.items() if values}}
+
+
 def timed_run(runner: str, clients: int, rounds: int, results: Path, target: float) -> dict:
     """One run of the default config through `runner`; its timings (`ops.timings`), the command's
-    wall seconds measured here, and its accuracies (to check that every runner got the same)."""
+    wall seconds measured here, and its accuracies (to check that every runner got the same).
+    A deployment also gives its SuperNodes' phases per message (`node_phases`)."""
     import subprocess
 
     from ovalp_flwr.ops.timings import run_timings
 
     name = f"overhead-{runner.split()[0].lower()}-{clients}"
     run_config = f"num-server-rounds={rounds} results-dir='{results}' run-name='{name}'"
+    env = dict(os.environ)
+    if runner == "deployment":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TIMESTAMPS),
+                                                          env.get("PYTHONPATH")]))
+        NODE_LOGS.mkdir(parents=True, exist_ok=True)
+        offsets = {NODE_LOGS / f"supernode-{i}.log": 0 for i in range(clients)}
+        for log in offsets:
+            log.touch()
+            offsets[log] = log.stat().st_size
     started = time.monotonic()
-    done = subprocess.run(RUNNERS[runner](clients, run_config), cwd=Path(__file__).parents[1],
+    done = subprocess.run(RUNNERS[runner](clients, run_config), cwd=ROOT, env=env,
                           capture_output=True, text=True)
     wall = time.monotonic() - started
     if done.returncode != 0:
@@ -174,7 +210,8 @@ def timed_run(runner: str, clients: int, rounds: int, results: Path, target: flo
     return {"runner": runner, "clients": clients, "wall_seconds": wall, "accuracies": curve,
             **{key: timings[key] for key in ("median_round_seconds", "setup_seconds",
                                              "serverapp_seconds", "target_round",
-                                             "seconds_to_target", "command_seconds")}}
+                                             "seconds_to_target", "command_seconds")},
+            **({"node_phases": node_phases(offsets)} if runner == "deployment" else {})}
 
 
 def rounds_part(rounds: int, results: Path, target: float, sizes: list[tuple[str, int]]) -> list:
@@ -199,6 +236,26 @@ def rounds_table(rows: list[dict], target: float) -> list[str]:
                      f"| {r['round_over_in_process']:.1f}x | {r['setup_seconds']:.1f} s "
                      f"| {r['wall_seconds']:.1f} s | {to_target} "
                      f"| {'yes' if r['same_accuracies_as_in_process'] else 'NO'} |")
+    return lines
+
+
+def phases_table(rows: list[dict]) -> list[str]:
+    """The deployment's SuperNode phases per train message (`node_phases`)."""
+    lines = ["| phase (Flower's code) | median | max |", "|---|---|---|"]
+    names = {"pull": "pull the message's objects from the SuperLink",
+             "reply_wait": "wait for the ClientApp's reply (Flower looks every 0.5 s)",
+             "push": "push the reply to the SuperLink",
+             "idle": "after the push: pull nothing, sleep 3 s, pull the next message"}
+    for row in rows:
+        phases = row.get("node_phases")
+        if not phases:
+            continue
+        for phase, name in names.items():
+            if f"{phase}_median" in phases:
+                lines.append(f"| {name} | {phases[phase + '_median']:.2f} s "
+                             f"| {phases[phase + '_max']:.2f} s |")
+        lines += ["", f"{phases['first_step']} of {phases['messages']} replies were there at "
+                  "Flower's first 0.5 s look."]
     return lines
 
 
@@ -258,7 +315,11 @@ def main() -> None:
                   "start's score; whole command: from the command to its exit, measured "
                   "around it; to the target: from the command to the first score at or above "
                   "it, as the launcher saw the line. In-process runs print no stream, so "
-                  "they have no such time.", "", *rounds_table(rows, args.target), ""]
+                  "they have no such time.", "", *rounds_table(rows, args.target), "",
+                  "### The deployment's SuperNodes, train message by train message", "",
+                  "From the nodes' logs (Flower's timestamps on: `benchmarks/timestamps/`, "
+                  "`ops.timings.node_timeline`), over every train message of the 3 nodes.", "",
+                  *phases_table(rows), ""]
     write("flower_overhead", payload, lines)
     print("\n".join(lines))
 

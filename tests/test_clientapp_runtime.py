@@ -55,3 +55,56 @@ def test_a_clientapp_task_is_forked_and_reaped(monkeypatch):
 def test_flags_are_checked():
     with pytest.raises(SystemExit):
         runtime.main(["--runtime-api-address", "127.0.0.1:1"])  # neither --insecure nor certs
+
+
+def test_a_forked_clientapp_asks_again_for_missing_objects_at_once(monkeypatch):
+    """Flower's SuperNode starts the ClientApp before the message's objects arrive; with
+    Flower's back-off (1 s, then 2 s) objects that land at once would still cost >= 0.8 s."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+    from flwr.supercore.inflatable.inflatable_object import (get_all_nested_objects,
+                                                            get_object_tree)
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
+
+    monkeypatch.setattr(runtime.clientapp_process, "pull_and_inflate_object_from_tree",
+                        runtime.clientapp_process.pull_and_inflate_object_from_tree)
+    monkeypatch.setattr(runtime.clientapp_process, "install_from_fab",
+                        runtime.clientapp_process.install_from_fab)
+    runtime.warm_clientapp_steps()
+    record = ArrayRecord({"w": Array(np.arange(6, dtype=np.float32).reshape(2, 3))})
+    stored = {key: obj.deflate() for key, obj in get_all_nested_objects(record).items()}
+    refusals = {key: 3 for key in stored}  # each object is missing the first 3 times
+
+    def pull(object_id: str) -> bytes:
+        if refusals[object_id]:
+            refusals[object_id] -= 1
+            raise ObjectUnavailableError(object_id)
+        return stored[object_id]
+
+    started = time.monotonic()
+    pulled = runtime.clientapp_process.pull_and_inflate_object_from_tree(
+        get_object_tree(record), pull, lambda _id: None, return_type=ArrayRecord)
+    assert time.monotonic() - started < 0.8
+    assert not any(refusals.values())
+    np.testing.assert_array_equal(pulled["w"].numpy(), record["w"].numpy())
+    assert runtime.clientapp_process.install_from_fab is runtime.install_once
+
+
+def test_a_fab_is_installed_once_per_sha256(monkeypatch, tmp_path):
+    installs = []
+
+    def flower_install(content: bytes, **_kwargs):
+        installs.append(content)
+        path = tmp_path / "apps" / f"app-{len(installs)}"
+        path.mkdir(parents=True)
+        return path
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    monkeypatch.setattr(runtime, "install_from_fab", flower_install)
+    first = runtime.install_once(b"fab one", skip_prompt=True)
+    assert runtime.install_once(b"fab one", skip_prompt=True) == first
+    assert installs == [b"fab one"]
+    other = runtime.install_once(b"fab two", skip_prompt=True)
+    assert other != first and installs == [b"fab one", b"fab two"]
+    first.rmdir()  # an install that is gone is installed again, not trusted
+    assert runtime.install_once(b"fab one", skip_prompt=True) == tmp_path / "apps" / "app-3"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from ovalp_flwr.ops import timings
 from ovalp_flwr.ops.timings import LineClock, main, run_timings
 
 
@@ -37,3 +40,26 @@ def test_the_launcher_clock_gives_the_seconds_to_the_target(tmp_path, capsys):
     assert set(clock.rounds) == {0, 1}
     assert main([str(tmp_path / "run"), "--target", "0.95"]) == 0
     assert json.loads(capsys.readouterr().out)["target_round"] is None
+
+
+NODE_LOG = """INFO 2026-11-26 23:32:51,840:      Receiving: query.describe message (ID: 1)
+INFO 2026-11-26 23:32:52,260:      Received successfully
+INFO 2026-11-26 23:32:55,000:      Receiving: train message (ID: 2)
+INFO 2026-11-26 23:32:55,200:      Received successfully
+DEBUG 2026-11-26 23:32:55,300:     a line in between
+INFO 2026-11-26 23:32:55,700:      Sending: train message (ID: 3)
+INFO 2026-11-26 23:32:55,850:      Sent successfully
+INFO 2026-11-26 23:32:58,900:      Receiving: train message (ID: 4)
+INFO 2026-11-26 23:32:59,000:      Received successfully
+INFO 2026-11-26 23:33:00,000:      Sending: train message (ID: 5)
+INFO 2026-11-26 23:33:00,100:      Sent successfully
+INFO 2026-11-26 23:33:03,000:      Receiving: train message (ID: 6)
+INFO:     a uvicorn line without Flower's stamp
+"""
+
+
+def test_a_nodes_train_messages_are_split_into_flowers_phases():
+    first, second = timings.node_timeline(NODE_LOG)  # the third never finished: left out
+    assert first == pytest.approx({"pull": 0.2, "reply_wait": 0.5, "push": 0.15, "idle": 3.05})
+    assert second == pytest.approx({"pull": 0.1, "reply_wait": 1.0, "push": 0.1})
+    assert timings.node_timeline("INFO:     no stamps\n") == []

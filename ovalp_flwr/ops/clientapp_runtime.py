@@ -17,26 +17,44 @@ installed for the run, so the code that runs is the run's.
 Other task types (and ClientApps when `--cold` is given) go to Flower's `flwr-*` processes
 unchanged. Its poll for tasks (Flower: every 1 s, `FLWR_SUPEREXEC_TASK_POLL_INTERVAL`) is
 `POLL_INTERVAL` unless that variable is set.
+
+A forked ClientApp also asks for its message's objects more often (`PROMPT_PULL`). Flower's
+SuperNode creates the task before it has pulled the message's objects from the SuperLink
+(`flwr/supernode/start_client_internal.py`, `state.create_task` before `pull_objects`), so a
+ClientApp started at once finds them missing and waits Flower's first back-off, 1 s
+(`PULL_INITIAL_BACKOFF`, `flwr/supercore/constant.py:48`), for objects that land ~0.1 s later.
+And it installs the run's FAB once (`install_once`): Flower unzips it and checks every file's
+hash for every message (`flwr/cli/install.py`, `install_from_fab`), 0.1-0.2 s of CPU, then
+keeps the copy already installed; a FAB whose bytes (sha256) were installed and checked before
+goes straight to that copy.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import importlib
 import os
 import signal
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
+from flwr.cli.install import install_from_fab
 from flwr.supercore import log
 from flwr.supercore.constant import TaskType
 from flwr.supercore.exit.exit_handler import registered_exit_handlers
+from flwr.supercore.inflatable import inflatable_utils
 from flwr.supercore.superexec import run_superexec as superexec
 from flwr.supercore.superexec.executor import LaunchResult
 from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
 from flwr.supercore.tls import validate_and_resolve_root_certificates
-from flwr.supernode.runtime.run_clientapp import run_clientapp
+from flwr.supercore.utils import get_flwr_home
+from flwr.supernode.runtime import run_clientapp as clientapp_process
+
+from ovalp_flwr.core.durable import replace_durably
 
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # flwr/supercore/superexec/run_superexec.py
 POLL_INTERVAL = 0.1  # s; Flower's default 1 s adds up to 1 s to every message
@@ -44,6 +62,10 @@ POLL_INTERVAL = 0.1  # s; Flower's default 1 s adds up to 1 s to every message
 PRELOAD = ("flwr.supernode.runtime.run_clientapp", "flwr.clientapp", "ovalp_flwr.ova.client",
            "ovalp_flwr.finetune.client", "ovalp_flwr.federation.chaos")
 APP_PACKAGES = ("ovalp_flwr", "client_app", "server_app")  # the FAB's own: imported from it
+# a missing object is asked for again after 10 ms, doubling to at most 0.1 s (Flower: 1 s to
+# 10 s); no cap on tries, so Flower's bound on the time (PULL_MAX_TIME, 2 h) is the one that holds
+PROMPT_PULL = {"initial_backoff": 0.01, "backoff_cap": 0.1, "max_tries_per_object": None}
+INSTALLED = "ovalp-installed-fabs"  # under FLWR_HOME: one file per FAB sha256, naming its copy
 
 
 def preload(modules: Sequence[str] = PRELOAD) -> None:
@@ -58,6 +80,26 @@ def preload(modules: Sequence[str] = PRELOAD) -> None:
         del sys.modules[name]
 
 
+def install_once(fab_content: bytes, **kwargs) -> Path:
+    """Flower's `install_from_fab`, done once per FAB: a FAB with the same sha256 as one this
+    function installed (and Flower checked) before is that FAB, so its installed copy is used."""
+    marker = get_flwr_home() / INSTALLED / hashlib.sha256(fab_content).hexdigest()
+    if marker.is_file() and (installed := Path(marker.read_text())).is_dir():
+        return installed
+    installed = install_from_fab(fab_content, **kwargs)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    replace_durably(marker, str(installed))
+    return installed
+
+
+def warm_clientapp_steps() -> None:
+    """In the fork's child, before Flower's ClientApp process runs: its message objects asked
+    for every 10-100 ms (`PROMPT_PULL`), its FAB installed once (`install_once`)."""
+    clientapp_process.pull_and_inflate_object_from_tree = functools.partial(
+        inflatable_utils.pull_and_inflate_object_from_tree, **PROMPT_PULL)
+    clientapp_process.install_from_fab = install_once
+
+
 def run_forked_clientapp(spec) -> None:
     """In the fork's child: Flower's ClientApp process for `spec` (an `ExecutionSpec`), then
     exit without returning into the parent's loop."""
@@ -69,7 +111,8 @@ def run_forked_clientapp(spec) -> None:
             signal.signal(signum, signal.SIG_DFL)
         sys.argv = ["flwr-clientapp", "--token", "<forked>"]  # what Flower reads of argv[0]
         log(20, "Start `flwr-clientapp` process")  # flwr-clientapp's first line (INFO)
-        run_clientapp(
+        warm_clientapp_steps()
+        clientapp_process.run_clientapp(
             runtime_api_address=spec.runtime_api_address,
             token=spec.token,
             insecure=spec.insecure,

@@ -10,6 +10,13 @@ mean round seconds (rounds 2.. : round 1 also pays for the first message's set-u
 ServerApp's total seconds and set-up seconds, and with `launcher.json` the command's seconds
 and, for `target` (an accuracy; default 95% of the final accuracy, Acc@95), the first round
 (0 = the start) at or above it and the seconds from the command to its score line.
+
+`node_timeline(log) -> list[dict]`: a SuperNode's train messages, phase by phase, from its log
+written with Flower's timestamps on (`update_console_handler(timestamps=True)`; the overhead
+benchmark turns them on in every Flower process): `pull` (from "Receiving" to "Received
+successfully": the message's objects from the SuperLink), `reply_wait` (until "Sending": the
+ClientApp's run, seen in Flower's 0.5 s steps), `push` (until "Sent successfully") and `idle`
+(until the next "Receiving": Flower's 3 s sleeps and the server's turn).
 """
 
 from __future__ import annotations
@@ -27,6 +34,10 @@ from pathlib import Path
 from ovalp_flwr.core.durable import replace_durably
 
 LAUNCHER_FILE = "launcher.json"
+# a Flower log line with timestamps: "INFO 2026-11-26 23:32:56,041:      Receiving: train ..."
+STAMPED = re.compile(r"^[A-Z]+ \d{4}-\d\d-\d\d (\d\d):(\d\d):(\d\d),(\d{3}):\s+(.*)$")
+NODE_EVENTS = {"Receiving: train": "received", "Received successfully": "pulled",
+               "Sending: train": "sending", "Sent successfully": "sent"}
 # the ServerApp's score line of a round ("» round  3/20  stage 2  accuracy ..", evaluation.py)
 ROUND_LINE = re.compile(r"(?:^|» )round +(\d+)/\d+ ")
 FRACTION = 0.95
@@ -114,6 +125,42 @@ def run_timings(run_dir: Path, target: float | None = None) -> dict:
         if reached is not None:
             timings["seconds_to_target"] = record["round_line_seconds"].get(str(reached))
     return timings
+
+
+def _stamped(line: str) -> tuple[float, str] | None:
+    """(seconds of the day, message) of a timestamped Flower line; None for any other line."""
+    found = STAMPED.match(line)
+    if not found:
+        return None
+    hours, minutes, seconds, millis, message = found.groups()
+    return int(hours) * 3600 + int(minutes) * 60 + int(seconds) + int(millis) / 1000, message
+
+
+def node_timeline(log: str) -> list[dict]:
+    """Each train message in a SuperNode's log (text), phase by phase in seconds (module doc);
+    the last message has no `idle`. A message whose four lines are not all there is left out."""
+    messages: list[dict] = []
+    current: dict[str, float] = {}
+    for line in log.splitlines():
+        stamped = _stamped(line)
+        if stamped is None:
+            continue
+        at, message = stamped
+        event = next((name for text, name in NODE_EVENTS.items() if message.startswith(text)),
+                     None)
+        if event == "received":
+            current = {"received": at}
+        elif event and current and event not in current and (event != "sent"
+                                                             or "sending" in current):
+            current[event] = at
+            if event == "sent" and "pulled" in current:
+                messages.append(current)
+                current = {}
+    phases = [{"pull": m["pulled"] - m["received"], "reply_wait": m["sending"] - m["pulled"],
+               "push": m["sent"] - m["sending"]} for m in messages]
+    for phase, message, following in zip(phases, messages, messages[1:]):
+        phase["idle"] = following["received"] - message["sent"]
+    return phases
 
 
 def main(argv: Sequence[str] | None = None) -> int:
