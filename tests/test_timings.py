@@ -44,7 +44,7 @@ def test_the_launcher_clock_gives_the_seconds_to_the_target(tmp_path, capsys):
 
 NODE_LOG = """INFO 2026-11-26 23:32:51,840:      Receiving: query.describe message (ID: 1)
 INFO 2026-11-26 23:32:52,260:      Received successfully
-INFO 2026-11-26 23:32:55,000:      Receiving: train message (ID: 2)
+\x1b[92mINFO 2026-11-26 23:32:55,000\x1b[0m:      Receiving: train message (ID: 2)
 INFO 2026-11-26 23:32:55,200:      Received successfully
 DEBUG 2026-11-26 23:32:55,300:     a line in between
 INFO 2026-11-26 23:32:55,700:      Sending: train message (ID: 3)

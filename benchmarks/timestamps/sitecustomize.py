@@ -6,4 +6,4 @@ try:
 except ImportError:  # a process without Flower
     pass
 else:
-    update_console_handler(timestamps=True)
+    update_console_handler(timestamps=True, colored=False)

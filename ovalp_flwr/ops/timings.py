@@ -36,6 +36,7 @@ from ovalp_flwr.core.durable import replace_durably
 LAUNCHER_FILE = "launcher.json"
 # a Flower log line with timestamps: "INFO 2026-11-26 23:32:56,041:      Receiving: train ..."
 STAMPED = re.compile(r"^[A-Z]+ \d{4}-\d\d-\d\d (\d\d):(\d\d):(\d\d),(\d{3}):\s+(.*)$")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Flower colours the level and the time in a terminal's log
 NODE_EVENTS = {"Receiving: train": "received", "Received successfully": "pulled",
                "Sending: train": "sending", "Sent successfully": "sent"}
 # the ServerApp's score line of a round ("» round  3/20  stage 2  accuracy ..", evaluation.py)
@@ -129,7 +130,7 @@ def run_timings(run_dir: Path, target: float | None = None) -> dict:
 
 def _stamped(line: str) -> tuple[float, str] | None:
     """(seconds of the day, message) of a timestamped Flower line; None for any other line."""
-    found = STAMPED.match(line)
+    found = STAMPED.match(ANSI.sub("", line))
     if not found:
         return None
     hours, minutes, seconds, millis, message = found.groups()
