@@ -29,13 +29,14 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 from ovalp_flwr.core.durable import replace_durably
 
 LAUNCHER_FILE = "launcher.json"
 # a Flower log line with timestamps: "INFO 2026-11-26 23:32:56,041:      Receiving: train ..."
-STAMPED = re.compile(r"^[A-Z]+ \d{4}-\d\d-\d\d (\d\d):(\d\d):(\d\d),(\d{3}):\s+(.*)$")
+STAMPED = re.compile(r"^[A-Z]+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}):\s+(.*)$")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Flower colours the level and the time in a terminal's log
 NODE_EVENTS = {"Receiving: train": "received", "Received successfully": "pulled",
                "Sending: train": "sending", "Sent successfully": "sent"}
@@ -129,12 +130,13 @@ def run_timings(run_dir: Path, target: float | None = None) -> dict:
 
 
 def _stamped(line: str) -> tuple[float, str] | None:
-    """(seconds of the day, message) of a timestamped Flower line; None for any other line."""
+    """(POSIX seconds, message) of a timestamped Flower line; None for any other line. The
+    date is kept: a run that crosses midnight must not get negative phases."""
     found = STAMPED.match(ANSI.sub("", line))
     if not found:
         return None
-    hours, minutes, seconds, millis, message = found.groups()
-    return int(hours) * 3600 + int(minutes) * 60 + int(seconds) + int(millis) / 1000, message
+    stamp, message = found.groups()
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp(), message
 
 
 def node_timeline(log: str) -> list[dict]:
