@@ -8,6 +8,9 @@
   (`ops.launch`) and on a local deployment of SuperLink + 3 SuperNodes (`ops.deploy`): seconds
   per round, for the set-up, the whole command and to 95% of the ceiling, read from each
   run's own results (`ops.timings`), and its accuracies (every runner must give the same).
+  Beside each `flwr run` and deployment row, Flower's floor: `floor_app/` run the same way,
+  the same exchanges and message shapes through the same grid and polling, with nothing
+  computed on either side. What a round costs above it is ours.
 
 Results go to benchmarks/results/flower_overhead.{json,md}:
 
@@ -214,28 +217,65 @@ def timed_run(runner: str, clients: int, rounds: int, results: Path, target: flo
             **({"node_phases": node_phases(offsets)} if runner == "deployment" else {})}
 
 
+FLOOR_APP = Path(__file__).resolve().parent / "floor_app"
+
+
+def floor_run(runner: str, clients: int, rounds: int, results: Path) -> dict:
+    """The floor app (`floor_app/`: the default run's set-up exchanges and train messages,
+    same shapes, same grid and polling, nothing computed) through `runner`: Flower's seconds
+    per round (median over rounds 2.., as for the project's runs) and from the command to the
+    end of its set-up exchanges, when the project's run scores its start (round 0)."""
+    import subprocess
+
+    name = f"floor-{runner.split()[0].lower()}-{clients}"
+    command = RUNNERS[runner](clients, f"num-server-rounds={rounds} results-dir='{results}' "
+                                       f"run-name='{name}'")
+    dashes = command.index("--")
+    command[dashes:dashes] = ["--app", str(FLOOR_APP)]
+    started = time.time()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the floor app on {runner} with {clients} clients failed "
+                         f"({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    floor = json.loads((results / name / "floor.json").read_text())
+    return {"median_round_seconds": statistics.median(floor["round_seconds"][1:]),
+            "setup_done_seconds": floor["setup_done_unix"] - started,
+            "wall_seconds": time.time() - started}
+
+
 def rounds_part(rounds: int, results: Path, target: float, sizes: list[tuple[str, int]]) -> list:
     rows = [timed_run(runner, clients, rounds, results, target) for runner, clients in sizes]
+    for row in rows:
+        if row["runner"] != "in process":
+            row["floor"] = floor_run(row["runner"], row["clients"], rounds, results)
     for clients in {c for _, c in sizes}:
         same = [r for r in rows if r["clients"] == clients]
         for row in same:
             row["same_accuracies_as_in_process"] = row["accuracies"] == same[0]["accuracies"]
+            row["in_process_round_seconds"] = same[0]["median_round_seconds"]
             row["round_over_in_process"] = (row["median_round_seconds"]
                                             / same[0]["median_round_seconds"])
     return rows
 
 
 def rounds_table(rows: list[dict], target: float) -> list[str]:
-    lines = ["| runner | clients | per round (median) | x in process | set-up | whole command "
-             f"| to {100 * target:.2f}% (round) | same accuracies |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| runner | clients | per round (median) | x in process | Flower's floor per round "
+             "(x in process) | ours above the floor | set-up | whole command "
+             f"| to {100 * target:.2f}% (round) | the floor's set-up done | same accuracies |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         to_target = ("-" if r["seconds_to_target"] is None else
                      f"{r['seconds_to_target']:.1f} s ({r['target_round']})")
+        floor, floor_setup, above = "-", "-", "-"
+        if "floor" in r:
+            per_round = r["floor"]["median_round_seconds"]
+            floor = f"{per_round:.2f} s ({per_round / r['in_process_round_seconds']:.1f}x)"
+            above = f"{r['median_round_seconds'] - per_round:+.2f} s"
+            floor_setup = f"{r['floor']['setup_done_seconds']:.1f} s"
         lines.append(f"| {r['runner']} | {r['clients']} | {r['median_round_seconds']:.2f} s "
-                     f"| {r['round_over_in_process']:.1f}x | {r['setup_seconds']:.1f} s "
-                     f"| {r['wall_seconds']:.1f} s | {to_target} "
-                     f"| {'yes' if r['same_accuracies_as_in_process'] else 'NO'} |")
+                     f"| {r['round_over_in_process']:.1f}x | {floor} | {above} "
+                     f"| {r['setup_seconds']:.1f} s | {r['wall_seconds']:.1f} s | {to_target} "
+                     f"| {floor_setup} | {'yes' if r['same_accuracies_as_in_process'] else 'NO'} |")
     return lines
 
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +109,30 @@ def test_a_fab_is_installed_once_per_sha256(monkeypatch, tmp_path):
     assert other != first and installs == [b"fab one", b"fab two"]
     first.rmdir()  # an install that is gone is installed again, not trusted
     assert runtime.install_once(b"fab one", skip_prompt=True) == tmp_path / "apps" / "app-3"
+
+
+def test_an_installed_fab_is_compiled_once(monkeypatch, tmp_path):
+    """Each ClientApp child imports the app from its installed copy: the bytecode is there, so a
+    child that may not write any (PYTHONDONTWRITEBYTECODE) still compiles nothing."""
+    import importlib.util
+
+    def flower_install(_content: bytes, **_kwargs):
+        path = tmp_path / "apps" / "app-1"
+        (path / "pkg").mkdir(parents=True)
+        (path / "client_mod.py").write_text("import pkg.helper\nVALUE = pkg.helper.VALUE\n")
+        (path / "pkg" / "__init__.py").write_text("")
+        (path / "pkg" / "helper.py").write_text("VALUE = 41 + 1\n")
+        return path
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    monkeypatch.setattr(runtime, "install_from_fab", flower_install)
+    installed = runtime.install_once(b"fab", skip_prompt=True)
+    for source in ("client_mod.py", "pkg/helper.py"):
+        assert Path(importlib.util.cache_from_source(str(installed / source))).is_file(), source
+    # a child that imports it with bytecode writes off compiles nothing (builtins.compile unused)
+    probe = ("import builtins, sys; calls = []; real = builtins.compile\n"
+             "builtins.compile = lambda *a, **k: (calls.append(a), real(*a, **k))[1]\n"
+             f"sys.path.insert(0, {str(installed)!r}); import client_mod\n"
+             "assert client_mod.VALUE == 42 and not calls, calls")
+    done = subprocess.run([sys.executable, "-B", "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -348,3 +348,14 @@ def test_flora_fine_tunes_an_encoder_on_real_supernodes(tmp_path, capfd):
     assert all(not r["clients_failed"] and not r["clients_rejected"] for r in rounds)
     assert rounds[1]["bytes_sent_per_client"] > rounds[0]["bytes_sent_per_client"]
     assert left_behind(flwr_home) == set(), "the deployment left processes behind"
+
+
+def test_a_deployment_starts_from_a_fresh_superlink_state(tmp_path):
+    """The last deployment's SuperNodes would still look online in its state."""
+    database = tmp_path / "deploy" / "state.db"
+    database.parent.mkdir()
+    for name in ("state.db", "state.db-wal", "state.db-shm"):
+        (database.parent / name).write_text("last deployment")
+    (database.parent / "superlink.log").write_text("kept")
+    assert deploy.fresh_state(database) == database
+    assert sorted(p.name for p in database.parent.iterdir()) == ["superlink.log"]

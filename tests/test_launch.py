@@ -335,3 +335,11 @@ def test_flwr_run_packs_the_same_app_from_the_packable_folder(tmp_path):
         assert pyproject.stat().st_ino != (launch.PROJECT / "pyproject.toml").stat().st_ino
         assert build_fab_from_disk(folder) == build_fab_from_disk(launch.PROJECT)
     assert list(tmp_path.iterdir()) == []  # gone once the run is
+
+
+def test_preflight_checks_this_projects_config_and_leaves_another_apps_to_flower(capsys):
+    floor_app = launch.PROJECT / "benchmarks" / "floor_app"
+    assert not launch.preflight(launch.PROJECT, ["--run-config", "classes=10"])
+    assert "classes" in capsys.readouterr().err
+    assert launch.preflight(floor_app, ["--run-config", "classes=10"])
+    assert capsys.readouterr().err == ""

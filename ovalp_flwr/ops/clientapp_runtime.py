@@ -26,12 +26,13 @@ ClientApp started at once finds them missing and waits Flower's first back-off, 
 And it installs the run's FAB once (`install_once`): Flower unzips it and checks every file's
 hash for every message (`flwr/cli/install.py`, `install_from_fab`), 0.1-0.2 s of CPU, then
 keeps the copy already installed; a FAB whose bytes (sha256) were installed and checked before
-goes straight to that copy.
+goes straight to that copy, whose modules were compiled to bytecode once (`compile_once`).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import functools
 import hashlib
 import importlib
@@ -87,9 +88,18 @@ def install_once(fab_content: bytes, **kwargs) -> Path:
     if marker.is_file() and (installed := Path(marker.read_text())).is_dir():
         return installed
     installed = install_from_fab(fab_content, **kwargs)
+    compile_once(installed)
     marker.parent.mkdir(parents=True, exist_ok=True)
     replace_durably(marker, str(installed))
     return installed
+
+
+def compile_once(installed: Path) -> None:
+    """The FAB's Python files compiled to bytecode beside them, once: every ClientApp child
+    imports the app's modules from there, and where bytecode is not written on import
+    (PYTHONDONTWRITEBYTECODE, a read-only install) each child compiled every module again,
+    0.13 s of CPU per message here. Python checks each file's bytecode against its source."""
+    compileall.compile_dir(installed, quiet=1, workers=1)
 
 
 def warm_clientapp_steps() -> None:

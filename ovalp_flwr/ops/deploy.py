@@ -217,6 +217,17 @@ def start_supernode(deployment: Deployment, partition_id: int, num_partitions: i
     return node
 
 
+def fresh_state(database: Path) -> Path:
+    """`database` (the SuperLink's SQLite state) with the last deployment's removed, its
+    journal files too: that deployment's SuperNodes stay registered in it and count as online
+    until their heartbeats lapse, so a run started meanwhile would send to them and fail
+    ("Node Unavailable"). A restart within one deployment (`restart_superlink`) keeps it."""
+    database.parent.mkdir(parents=True, exist_ok=True)
+    for stale in database.parent.glob(f"{database.name}*"):
+        stale.unlink()
+    return database
+
+
 @contextlib.contextmanager
 def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None = None,
                      cwd: Path = PROJECT, secure: bool = False, isolation: str = DEFAULT_ISOLATION,
@@ -241,7 +252,8 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
         certs = flwr_home / "certs"
         certs_module.make_all(certs, num_supernodes)
         ca_cert = certs / certs_module.CA_CERT
-    command = superlink_command(port, isolation, certs, flwr_home / "deploy" / "state.db")
+    command = superlink_command(port, isolation, certs,
+                               fresh_state(flwr_home / "deploy" / "state.db"))
     superlink = _start(command, log, flwr_home, cwd)
     deployment = Deployment(f"127.0.0.1:{port}", flwr_home, superlink, isolation, certs=certs,
                             superlink_command=command, cwd=cwd,

@@ -383,13 +383,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def preflight(app: Path, flwr_args: list[str]) -> bool:
-    """The run config and data checked before any Flower process starts; False (and one
-    line on stderr) when the run cannot work."""
-    # late: preflight imports Flower's config parser (~0.4 s); sweep and the report import this
-    from ovalp_flwr.ops.preflight import PreflightError, check_run
+    """This app's run config and data checked before any Flower process starts (another
+    app's is Flower's to check); False (and one line on stderr) when the run cannot work."""
+    from ovalp_flwr.ops.preflight import PreflightError, check_run, is_this_app  # late: ~0.4 s
 
     try:
-        check_run(app, flwr_args)
+        if is_this_app(app):
+            check_run(app, flwr_args)
     except PreflightError as err:
         print(f"error: {err}", file=sys.stderr)
         return False

@@ -50,6 +50,20 @@ def app_defaults(app: Path) -> dict[str, Any]:
     return flatten_dict(project["tool"]["flwr"]["app"].get("config", {}))
 
 
+THIS_APP = {"serverapp": "server_app:app", "clientapp": "client_app:app"}  # pyproject.toml's
+
+
+def is_this_app(app: Path) -> bool:
+    """Whether `app` is this project's Flower app (its components), whose config `check_run`
+    knows; an app folder without a readable pyproject.toml counts as this one, so that
+    `check_run` says what is wrong with it."""
+    try:
+        project = get_project_config(app)
+    except (FileNotFoundError, ValueError):
+        return True
+    return project["tool"]["flwr"]["app"].get("components") == THIS_APP
+
+
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """Flower's own parsing of `--run-config` (TOML values, or one .toml file)."""
     try:
