@@ -251,8 +251,9 @@ def test_faulty_and_late_supernodes_leave_the_run_to_the_others(tmp_path, capfd)
     every fault a node brings happens in round 2 and a node joins late, one partition each:
     - node 1's apps freeze (SIGSTOP to its ClientApp runtime and ClientApps): the SuperNode
       stays connected and heartbeating, but never answers (a stuck driver); with
-      round-timeout=40 its round ends without it after 40 s, not Flower's 3600, and once
-      thawed (round 3 under way) it trains again.
+      round-timeout=60 its round ends without it after 60 s, not Flower's 3600, and once
+      thawed (round 3 under way) it trains again. (40 s was too short on a machine where a
+      ClientApp process, importing torch, took that long under the full suite's load.)
     - node 2 runs with `chaos='nan'`: every train reply it sends has a NaN, and every one is
       rejected.
     - node 3 dies (the host fails) as its round-2 train message arrives: the SuperLink answers
@@ -266,7 +267,7 @@ def test_faulty_and_late_supernodes_leave_the_run_to_the_others(tmp_path, capfd)
     flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
     logs = flwr_home / "deploy"
     run_config = (f"encoder='pixels' num-server-rounds=5 partition='iid' run-name='faults' "
-                  f"feature-norm='none' round-timeout=40.0 results-dir='{results}' "
+                  f"feature-norm='none' round-timeout=60.0 results-dir='{results}' "
                   f"feature-cache-dir='{tmp_path / 'cache'}'")
     train = "Receiving: train message"
     round_2, round_3 = rf"{train}.*?{train}", rf"{train}.*?{train}.*?{train}"
@@ -300,12 +301,12 @@ def test_faulty_and_late_supernodes_leave_the_run_to_the_others(tmp_path, capfd)
     # the frozen node: round 2 ended without it after the timeout, not after 3600 s (nor did
     # any other round wait longer; the late node's admission adds its set-up to its round) ...
     assert rounds[1]["clients_timed_out"] >= 1 and rounds[1]["clients_trained"] <= 1
-    assert 40 <= rounds[1]["round_seconds"]
+    assert 60 <= rounds[1]["round_seconds"]
     admitted = re.search(r"round (\d+): 1 node\(s\) connected late, 1 admitted; "
                          r"5 in the federation", out)
     assert admitted, out[-3000:]
     first = int(admitted[1])  # the first round the late node was in
-    assert max(r["round_seconds"] for r in rounds if r["round"] != first) < 40 + 15
+    assert max(r["round_seconds"] for r in rounds if r["round"] != first) < 60 + 15
     # ... and once thawed it trained again (with 0 and the late node)
     assert max(r["clients_trained"] for r in rounds[2:]) == 3
     # the dead node: failed at once (not timed out) from the round it died in, never trained
