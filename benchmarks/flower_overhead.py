@@ -181,12 +181,20 @@ def node_phases(offsets: dict[Path, int]) -> dict:
             **{f"{phase}_max": max(values) for phase, values in phases.items() if values}}
 
 
+def run_command(command: list[str], what: str, env: dict | None = None) -> None:
+    """`command` from the project's root; SystemExit with its output's tail if it fails."""
+    import subprocess
+
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed ({done.returncode}):\n"
+                         f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
+
+
 def timed_run(runner: str, clients: int, rounds: int, results: Path, target: float) -> dict:
     """One run of the default config through `runner`; its timings (`ops.timings`), the command's
     wall seconds measured here, and its accuracies (to check that every runner got the same).
     A deployment also gives its SuperNodes' phases per message (`node_phases`)."""
-    import subprocess
-
     from ovalp_flwr.ops.timings import run_timings
 
     name = f"overhead-{runner.split()[0].lower()}-{clients}"
@@ -201,12 +209,8 @@ def timed_run(runner: str, clients: int, rounds: int, results: Path, target: flo
             log.touch()
             offsets[log] = log.stat().st_size
     started = time.monotonic()
-    done = subprocess.run(RUNNERS[runner](clients, run_config), cwd=ROOT, env=env,
-                          capture_output=True, text=True)
+    run_command(RUNNERS[runner](clients, run_config), f"{runner} with {clients} clients", env)
     wall = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{runner} with {clients} clients failed ({done.returncode}):\n"
-                         f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
     timings = run_timings(results / name, target)
     summary = json.loads((results / name / "summary.json").read_text())
     curve = [summary["initial_accuracy"], *(r["accuracy"] for r in summary["rounds"])]
@@ -225,18 +229,13 @@ def floor_run(runner: str, clients: int, rounds: int, results: Path) -> dict:
     same shapes, same grid and polling, nothing computed) through `runner`: Flower's seconds
     per round (median over rounds 2.., as for the project's runs) and from the command to the
     end of its set-up exchanges, when the project's run scores its start (round 0)."""
-    import subprocess
-
     name = f"floor-{runner.split()[0].lower()}-{clients}"
     command = RUNNERS[runner](clients, f"num-server-rounds={rounds} results-dir='{results}' "
                                        f"run-name='{name}'")
     dashes = command.index("--")
     command[dashes:dashes] = ["--app", str(FLOOR_APP)]
     started = time.time()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"the floor app on {runner} with {clients} clients failed "
-                         f"({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    run_command(command, f"the floor app on {runner} with {clients} clients")
     floor = json.loads((results / name / "floor.json").read_text())
     return {"median_round_seconds": statistics.median(floor["round_seconds"][1:]),
             "setup_done_seconds": floor["setup_done_unix"] - started,
@@ -247,13 +246,11 @@ def warm_node_caches(clients: int, results: Path) -> None:
     """A deployed node keeps its own feature cache (`ops.deploy`): one untimed round of the
     deployment first, unless every node's is there, so that the timed run's set-up is Flower's
     and ours, not an encoder's pass over the data."""
-    import subprocess
-
     if all((NODE_LOGS.parent / "nodes" / str(i) / "cache").is_dir() for i in range(clients)):
         return
     command = RUNNERS["deployment"](clients, f"num-server-rounds=1 results-dir='{results}' "
                                              "run-name='warm-node-caches'")
-    subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    run_command(command, "the untimed deployment that builds the nodes' caches")
 
 
 def rounds_part(rounds: int, results: Path, target: float, sizes: list[tuple[str, int]]) -> list:

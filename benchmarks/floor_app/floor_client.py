@@ -1,5 +1,6 @@
-"""The floor ClientApp: answers at once, on the project's plumbing (`client_app.py`'s). A query gets an empty config back; a train message gets
-its first head back, changed (a reply must be new objects, as a trained head is)."""
+"""The floor ClientApp: answers at once, on the project's plumbing (`client_app.py`'s). A query
+gets a sample count back; a train message its first head, changed (a reply must be new
+objects, as a trained head is)."""
 
 from __future__ import annotations
 

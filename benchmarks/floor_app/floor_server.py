@@ -11,7 +11,7 @@ from logging import INFO
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
@@ -50,10 +50,9 @@ def main(grid: Grid, context: Context) -> None:
     round_seconds = []
     last = time.monotonic()
     for server_round in range(1, int(config["num-server-rounds"]) + 1):
-        replies = exchange(grid, "train", {node: RecordDict({
+        exchange(grid, "train", {node: RecordDict({  # every node replies, or it raises
             "arrays": heads(config, server_round, node, int(config["heads-down"])),
             "config": ConfigRecord({"round": server_round})}) for node in nodes})
-        assert len(replies) == len(nodes)
         now = time.monotonic()
         round_seconds.append(now - last)
         last = now
