@@ -36,11 +36,15 @@ OUT = Path(__file__).resolve().parent / "results"
 # --- aggregation ------------------------------------------------------------------------------
 
 
-def _replies(messages, rng: np.random.Generator, global_arrays: dict) -> list:
-    """One train reply per message: the global head plus noise, 500 samples, 30 local steps."""
+def _replies(messages, rng: np.random.Generator, global_arrays: dict,
+             nodes: dict | None = None) -> list:
+    """One train reply per message: the global head plus noise, 500 samples, 30 local steps;
+    with `nodes` (node -> (RunConfig, Context): scaffold-variates = "clients"), each node's c_i
+    as its ClientApp computes, keeps and uploads it (`scaffold_client`)."""
     from flwr.app import Message, MetricRecord, RecordDict
 
     from ovalp_flwr.federation import protocol as p
+    from ovalp_flwr.federation.scaffold_client import drift_offset, reply_variate
 
     noise = [{key: rng.standard_normal(value.shape, dtype=np.float32) * 1e-3
               for key, value in global_arrays.items()} for _ in range(7)]
@@ -51,6 +55,10 @@ def _replies(messages, rng: np.random.Generator, global_arrays: dict) -> list:
                  for key, value in global_arrays.items()}
         content = RecordDict({p.ARRAYS: p.to_record(local), p.METRICS: MetricRecord({
             p.NUM_EXAMPLES: 500, p.TRAIN_LOSS: 0.1, p.TRAIN_SECONDS: 0.01, p.LOCAL_STEPS: 30})})
+        if nodes is not None:
+            config, context = nodes[message.metadata.dst_node_id]
+            offset = drift_offset(message, context)
+            content[p.VARIATE] = reply_variate(config, context, message, local, 30, offset)
         replies.append(Message(content=content, reply_to=message))
     return replies
 
@@ -67,11 +75,13 @@ def bare_mean(heads: list[dict[str, np.ndarray]], weights: list[float]) -> dict[
     return mean
 
 
-def aggregation(classes: int, dim: int, clients: int, rounds: int, drift_correction: str) -> dict:
+def aggregation(classes: int, dim: int, clients: int, rounds: int, drift_correction: str,
+                scaffold_variates: str = "server") -> dict:
     """Median milliseconds per round of the strategy's configure_train and aggregate_train (from
     round 3: SCAFFOLD's corrections start once clients have reported in stage 2), and of the
-    bare weighted mean of the same replies, decoded beforehand."""
-    from flwr.app import ConfigRecord
+    bare weighted mean of the same replies, decoded beforehand. The clients' own work (with
+    scaffold-variates = "clients", their c_i) is outside the timed calls, as it is on a node."""
+    from flwr.app import ConfigRecord, Context, RecordDict
     from flwr.clientapp import ClientApp
 
     from ovalp_flwr.config import RunConfig
@@ -79,9 +89,13 @@ def aggregation(classes: int, dim: int, clients: int, rounds: int, drift_correct
     from ovalp_flwr.federation.local_grid import InProcessGrid
     from ovalp_flwr.federation.rounds import make_strategy, train_reply_check
 
-    config = RunConfig(drift_correction=drift_correction, stage1_rounds=1)
+    config = RunConfig(drift_correction=drift_correction, stage1_rounds=1,
+                       scaffold_variates=scaffold_variates)
     grid = InProcessGrid(ClientApp(), clients, run_config={})
     nodes = sorted(grid.get_node_ids())
+    contexts = None if scaffold_variates == "server" else {
+        node: (config, Context(run_id=1, node_id=node, node_config={}, state=RecordDict(),
+                               run_config={})) for node in nodes}
     described = {node: {p.NUM_EXAMPLES: 500, p.PARTITION_ID: i, p.NUM_PARTITIONS: clients}
                  for i, node in enumerate(nodes)}
     strategy = make_strategy(config, node_order=nodes,
@@ -96,7 +110,7 @@ def aggregation(classes: int, dim: int, clients: int, rounds: int, drift_correct
         started = time.perf_counter()
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
         configured = time.perf_counter()
-        replies = _replies(messages, rng, global_arrays)
+        replies = _replies(messages, rng, global_arrays, contexts)
         received = time.perf_counter()
         new_arrays, _ = strategy.aggregate_train(server_round, replies)
         aggregated = time.perf_counter()
@@ -120,7 +134,8 @@ def aggregation(classes: int, dim: int, clients: int, rounds: int, drift_correct
             times["gemv"].append(gemv_done - gemv_started)
     ms = {key: 1e3 * statistics.median(values) for key, values in times.items()}
     ms["server"] = ms["configure_train"] + ms["aggregate_train"]
-    return {"drift_correction": drift_correction, "classes": classes, "dim": dim,
+    return {"drift_correction": drift_correction, "scaffold_variates": scaffold_variates,
+            "classes": classes, "dim": dim,
             "clients": clients, "rounds_timed": rounds - 2, "ms": ms,
             "aggregate_over_mean": ms["aggregate_train"] / ms["bare_mean"],
             "server_over_mean": ms["server"] / ms["bare_mean"]}
@@ -132,12 +147,18 @@ def aggregation_table(rows: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         ms = row["ms"]
-        lines.append(f"| {'SGD + SCAFFOLD' if row['drift_correction'] == 'scaffold' else 'SGD'} "
+        lines.append(f"| {_local_step(row)} "
                      f"| {ms['configure_train']:.1f} ms | {ms['aggregate_train']:.1f} ms "
                      f"| {ms['server']:.1f} ms | {ms['bare_mean']:.1f} ms "
                      f"| {row['aggregate_over_mean']:.2f}x | {row['server_over_mean']:.2f}x "
                      f"| {ms['gemv']:.1f} ms |")
     return lines
+
+
+def _local_step(row: dict) -> str:
+    if row["drift_correction"] != "scaffold":
+        return "SGD"
+    return f"SGD + SCAFFOLD, c_i kept by the {row.get('scaffold_variates', 'server')}"
 
 
 # --- rounds: in process, flwr run, deployment -------------------------------------------------
@@ -381,8 +402,10 @@ def main() -> None:
     payload: dict = json.loads(last.read_text()) if args.only and last.is_file() else {}
     payload["machine"] = machine()
     if args.only in (None, "aggregation"):
-        payload["aggregation"] = [aggregation(args.classes, args.dim, args.clients, args.rounds,
-                                              drift) for drift in ("none", "scaffold")]
+        payload["aggregation"] = [
+            aggregation(args.classes, args.dim, args.clients, args.rounds, drift, variates)
+            for drift, variates in (("none", "server"), ("scaffold", "server"),
+                                    ("scaffold", "clients"))]
     if args.only in (None, "rounds"):
         sizes = [("in process", 3), ("flwr run (Ray)", 3), ("deployment", 3),
                  ("in process", 100), ("flwr run (Ray)", 100)]

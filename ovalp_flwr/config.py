@@ -35,6 +35,7 @@ DEVICES = ("auto", "cpu", "cuda")
 LOCAL_OPTIMIZERS = ("adamw", "sgd")
 AGGREGATION_WEIGHTS = ("samples", "uniform")
 DRIFT_CORRECTIONS = ("none", "scaffold")
+SCAFFOLD_VARIATES = ("server", "clients")  # who computes and keeps c_i: federation.scaffold
 EPOCH_SIZES = ("own-data", "equal-share", "own-data-equal-steps")
 SERVER_OPTIMIZERS = ("fedavg", "fedadam")
 HEAD_INITS = ("random", "zeros", "class-means", "ridge")  # ovalp_flwr.core.head_init
@@ -59,7 +60,7 @@ RECIPE: dict[str, Any] = {"local-optimizer": "adamw", "learning-rate": 0.01,
 # none changes what the run computes (a fault it met is in its per-round records).
 NOT_PART_OF_THE_RESULT = frozenset({"run-name", "results-dir", "feature-cache-dir", "data-dir",
                                     "device", "round-timeout", "exclude-after-rejections",
-                                    "checkpoint-every", "resume"})
+                                    "checkpoint-every", "resume", "scaffold-variates"})
 
 
 class ConfigError(ValueError):
@@ -218,8 +219,15 @@ class RunConfig:
         "samples", "rounds", "`samples`: FedAvg's weights, by sample count; `uniform`: each "
         "client with data counts once.", AGGREGATION_WEIGHTS)
     drift_correction: str = _key(
-        "scaffold", "rounds", "`scaffold`: SCAFFOLD's control variates, kept on the server "
-        '(needs `local-optimizer = "sgd"`); `none`: the recipe.', DRIFT_CORRECTIONS)
+        "scaffold", "rounds", "`scaffold`: SCAFFOLD's control variates, kept where "
+        '`scaffold-variates` says (needs `local-optimizer = "sgd"`); `none`: the recipe.',
+        DRIFT_CORRECTIONS)
+    scaffold_variates: str = _key(
+        "server", "rounds", "Where SCAFFOLD's c_i are computed and kept: `server` (clients keep "
+        "nothing; each node is sent its own c - c_i) or `clients` (the paper's protocol: each "
+        "node keeps its c_i in its Context and uploads it beside its heads, doubling the "
+        "upload; every node is sent the same c; the server does one pass over each c_i per "
+        "round instead of four). The same global model, bit for bit.", SCAFFOLD_VARIATES)
     server_optimizer: str = _key(
         "fedavg", "rounds", "`fedavg`, or `fedadam`: Flower's FedAdam on the averaged update, "
         "with `server-learning-rate`.", SERVER_OPTIMIZERS)
@@ -385,6 +393,11 @@ class RunConfig:
         _one_of("local-optimizer", self.local_optimizer, LOCAL_OPTIMIZERS)
         _one_of("aggregation-weights", self.aggregation_weights, AGGREGATION_WEIGHTS)
         _one_of("drift-correction", self.drift_correction, DRIFT_CORRECTIONS)
+        _one_of("scaffold-variates", self.scaffold_variates, SCAFFOLD_VARIATES)
+        if self.scaffold_variates == "clients" and self.drift_correction != "scaffold":
+            raise ConfigError("scaffold-variates", self.scaffold_variates,
+                              "clients keep SCAFFOLD's variates only with "
+                              'drift-correction="scaffold"; leave it "server"')
         _one_of("epoch-size", self.epoch_size, EPOCH_SIZES)
         _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         _one_of("head-init", self.head_init, HEAD_INITS)

@@ -63,7 +63,9 @@ def global_arrays(tmp_path, name):
     {},  # the default: SGD + SCAFFOLD (control variates on the server), ridge start
     {"server-optimizer": "fedadam", "local-optimizer": "adamw", "drift-correction": "none",
      "head-init": "random", "fraction-train": 0.5},  # FedAdam's moments, sampling
-], ids=["scaffold", "fedadam-sampled"])
+    # the nodes keep their c_i: the resumed run's hold none, and are sent c - c_i
+    {"scaffold-variates": "clients", "fraction-train": 0.5},
+], ids=["scaffold", "fedadam-sampled", "scaffold-clients-sampled"])
 def test_a_run_killed_after_round_3_and_resumed_ends_as_the_uninterrupted_run(
         cache_dir, tmp_path, options):
     whole = resumable_run(cache_dir, tmp_path, "whole", **options)

@@ -141,6 +141,29 @@ def test_frozen_tensors_are_bit_identical_after_a_run(tmp_path, method):
     assert start.abs().sum() > 0
 
 
+def test_a_second_run_in_the_same_process_starts_from_the_seeded_model(tmp_path):
+    """The process's model is trained in place by in-process clients; the next run (a sweep's)
+    must still start from the seeded one, not from where the last run left it."""
+    first, _, _ = run(tmp_path / "first", finetune="fedavg-lora")
+    second, _, _ = run(tmp_path / "second", finetune="fedavg-lora")
+    assert [r["train_loss"] for r in first["rounds"]] == [r["train_loss"] for r in second["rounds"]]
+
+
+def test_encoder_clients_that_keep_their_scaffold_variates_give_the_same_rounds(tmp_path):
+    """FedAvg-LoRA with scaffold-variates = "clients": each node uploads its c_i over the
+    trainable tensors, holds it for round 3 (stage 2's first corrections), and the rounds are
+    the server mode's, bit for bit."""
+    server, _, _ = run(tmp_path / "server", finetune="fedavg-lora", **{"num-server-rounds": 3})
+    clients, grid, built = run(tmp_path / "clients", finetune="fedavg-lora",
+                               **{"num-server-rounds": 3, "scaffold-variates": "clients"})
+    trainable = {n for n, q in built.model.named_parameters() if q.requires_grad}
+    assert all(set(reply.content[p.VARIATE].keys()) == trainable for _, reply in grid.trains)
+    assert sum(p.SHARED_VARIATE in m.content for m, _ in grid.trains) == 4  # round 3's
+    same = ("accuracy", "train_loss", "clients_trained")
+    assert [[r[k] for k in same] for r in server["rounds"]] == \
+        [[r[k] for k in same] for r in clients["rounds"]]
+
+
 def test_flora_nodes_that_sat_rounds_out_merge_what_they_missed(tmp_path):
     """With half the nodes per round, each node's merged update is the server's after the
     rounds it was sent: equal, to the bit, for nodes at the same round; the server's model is

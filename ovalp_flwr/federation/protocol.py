@@ -11,9 +11,10 @@ for them (`STATISTICS_KIND`) and the reply carries them (`STATISTICS`): no extra
 from __future__ import annotations
 
 from io import BytesIO
+from typing import TypeVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 DESCRIBE = "query.describe"
 SET_NORM = "query.set_norm"
@@ -27,6 +28,10 @@ MOMENTS = "moments"
 NORM = "norm"
 STATISTICS = "statistics"  # a client's class sums (and Gram matrix): head_init.statistics
 CORRECTION = "correction"  # SCAFFOLD's c - c_i for this client, added to its local gradients
+# scaffold-variates = "clients": the clients keep their own c_i (in context.state)
+SHARED_VARIATE = "shared-variate"  # train message: SCAFFOLD's c, to a node that holds its c_i
+VARIATE = "variate"  # train reply: the node's new c_i; context.state: the c_i it holds
+VARIATE_ROUND = "variate-round"  # the round whose reply gave the c_i the node holds
 
 NUM_EXAMPLES = "num-examples"
 NOISY_EXAMPLES = "noisy-examples"  # labels the run's label noise changed
@@ -59,6 +64,9 @@ OWN_CORRECT = "own-correct"  # PERSONALIZE reply: the final model's right predic
 GLOBAL_OWN_CORRECT = "global-own-correct"  # ... and the global model's, before fine-tuning
 
 
+R = TypeVar("R", ArrayRecord, ConfigRecord, MetricRecord)
+
+
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({key: to_array(value) for key, value in arrays.items()})
 
@@ -76,6 +84,13 @@ def to_array(value: np.ndarray) -> Array:
         return Array(value)  # np.save's refusal, unchanged
     data = b"".join((header.getvalue(), value.reshape(-1).view(np.uint8)))
     return Array(dtype=str(value.dtype), shape=tuple(value.shape), stype=NUMPY, data=data)
+
+
+def record_of(content: RecordDict, key: str, kind: type[R]) -> R | None:
+    """content[key] if it is a `kind` record, else None; without `content.array_records` and
+    its kind, which build a dict of every record on each call (70 us, per reply per round)."""
+    found = content.get(key)
+    return found if isinstance(found, kind) else None
 
 
 def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:

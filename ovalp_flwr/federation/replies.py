@@ -11,6 +11,7 @@ place, so the global model is bit-identical to Flower's.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from io import BytesIO
@@ -18,7 +19,7 @@ from io import BytesIO
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
-from ovalp_flwr.federation.protocol import ARRAYS, METRICS, NUM_EXAMPLES, NUMPY
+from ovalp_flwr.federation.protocol import ARRAYS, METRICS, NUM_EXAMPLES, NUMPY, record_of
 
 HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0,
                   (2, 0): np.lib.format.read_array_header_2_0}
@@ -44,13 +45,15 @@ def decode_reply(message: Message, uniform: bool = False) -> TrainReply:
     """The reply's arrays and metrics, each array decoded once; weight: its sample count, or 1
     (uniform). Raises UndecodableReply with the reason."""
     content = message.content
-    if ARRAYS not in content.array_records or METRICS not in content.metric_records:
+    record, metric_record = record_of(content, ARRAYS, ArrayRecord), record_of(content, METRICS,
+                                                                                MetricRecord)
+    if record is None or metric_record is None:
         raise UndecodableReply(f"the reply lacks its {ARRAYS!r} or {METRICS!r} record")
     try:
-        arrays = view_record(content[ARRAYS])
+        arrays = view_record(record)
     except (ValueError, TypeError) as err:
         raise UndecodableReply(f"its arrays do not deserialize ({err})") from err
-    metrics = dict(content[METRICS])
+    metrics = dict(metric_record)
     weight = 1 if uniform else metrics.get(NUM_EXAMPLES, 0)
     return TrainReply(message.metadata.src_node_id, arrays, metrics, weight, message)
 
@@ -67,7 +70,7 @@ def view_array(array: Array) -> np.ndarray:
     if array.stype != NUMPY:
         raise TypeError(f"unsupported serialization type {array.stype!r}")
     shape, fortran_order, dtype, offset = _header(bytes(array.data[:_header_end(array.data)]))
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     values = np.frombuffer(array.data, dtype=dtype, count=count, offset=offset)
     return values.reshape(shape, order="F" if fortran_order else "C")
 

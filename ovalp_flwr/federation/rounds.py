@@ -3,6 +3,7 @@ takes, and what a train reply must be."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from logging import INFO
@@ -42,15 +43,19 @@ def train_reply_check(config: RunConfig, clients: dict[int, dict], steps: int) -
     the run's local schedule takes on them."""
     round_config = {p.LOCAL_STEPS: steps} if steps else {}
 
+    @functools.cache
+    def planned(examples: int) -> int:  # the same few counts, round after round
+        return local_schedule(config, round_config, examples).num_steps(examples)
+
     def check(node: int, arrays: dict[str, np.ndarray], metrics: dict,
               global_arrays: dict[str, np.ndarray]) -> str | None:
         if node not in clients:
             return "the node is not in the federation"
         examples = int(clients[node][p.NUM_EXAMPLES])
-        planned = local_schedule(config, round_config, examples).num_steps(examples)
         # finiteness: the strategy checks it once, on the average (a sum is finite only if
         # every term is), and looks for the culprit only when it is not
-        return check_train_reply(arrays, metrics, global_arrays, examples, planned, finite=False)
+        return check_train_reply(arrays, metrics, global_arrays, examples, planned(examples),
+                                 finite=False)
 
     return check
 
@@ -66,7 +71,8 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         fraction_evaluate=config.fraction_evaluate,
         aggregation_weights=config.aggregation_weights,
         exclude_after=config.exclude_after_rejections,
-        control_variates=(ControlVariates(config.learning_rate)
+        control_variates=(ControlVariates(config.learning_rate,
+                                          held_by_clients=config.scaffold_variates == "clients")
                           if config.drift_correction == "scaffold" else None),
         **wiring,
     )

@@ -34,11 +34,11 @@ from flwr.supercore import log
 
 from ovalp_flwr.federation.checkpoint import pack, unpack
 from ovalp_flwr.federation.protocol import (ACCURACY, ARRAYS, CORRECTION, METRICS, NUM_EXAMPLES,
-                                            STAGE, TRAIN_LOSS, TRAIN_SECONDS, describe_failures,
-                                            to_record)
+                                            SHARED_VARIATE, STAGE, TRAIN_LOSS, TRAIN_SECONDS,
+                                            VARIATE_ROUND, describe_failures, to_record)
 from ovalp_flwr.federation.replies import (TrainReply, UndecodableReply, decode_reply,
                                            weighted_mean, weighted_metrics)
-from ovalp_flwr.federation.scaffold import ControlVariates
+from ovalp_flwr.federation.scaffold import ControlVariates, Correction, HeldVariate
 from ovalp_flwr.federation.validation import check_finite
 from ovalp_flwr.ops.console import say
 
@@ -49,8 +49,11 @@ ReplyCheck = Callable[[int, dict[str, np.ndarray], dict, dict[str, np.ndarray]],
 def message_bytes(content: RecordDict) -> int:
     """Payload bytes of a message: serialized arrays, metrics and config (no framing). One pass
     over the records (RecordDict's typed views are rebuilt on every access)."""
-    return sum(config_bytes(record) if isinstance(record, ConfigRecord) else record.count_bytes()
-               for record in content.values())
+    return sum(record_bytes(record) for record in content.values())
+
+
+def record_bytes(record: ArrayRecord | ConfigRecord | MetricRecord) -> int:
+    return config_bytes(record) if isinstance(record, ConfigRecord) else record.count_bytes()
 
 
 def config_bytes(record: ConfigRecord) -> int:
@@ -219,7 +222,9 @@ class Staged:
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: round_config})
         corrections = ({} if self.variates is None
                        else self.variates.corrections(round_config[STAGE], node_ids))
-        messages = [self._train_message(content, node, corrections.get(node)) for node in node_ids]
+        shared = self._shared_variate(corrections)
+        messages = [self._train_message(content, node, corrections.get(node), shared)
+                    for node in node_ids]
         self.rounds[server_round] = {
             "stage": round_config[STAGE],
             "clients_sampled": len(node_ids),
@@ -236,14 +241,26 @@ class Staged:
         shared = message_bytes(content)
         if not messages:
             return float(shared)
-        extra = [sum(message_bytes(RecordDict({key: record})) for key, record in m.content.items()
-                     if key not in content) for m in messages]
+        sizes: dict[int, int] = {}  # id(record) -> its bytes: one c goes to many nodes
+        extra = [sum(sizes.get(id(record)) or sizes.setdefault(id(record), record_bytes(record))
+                     for key, record in m.content.items() if key not in content)
+                 for m in messages]
         return float(shared + np.mean(extra))
 
-    def _train_message(self, content: RecordDict, node_id: int,
-                       correction: dict[str, np.ndarray] | None) -> Message:
-        """The round's train message for one node, with its SCAFFOLD correction if any."""
-        if correction is not None:
+    def _shared_variate(self, corrections: dict[int, Correction]) -> ArrayRecord | None:
+        """SCAFFOLD's c, encoded once for every node that holds its own c_i (clients mode)."""
+        if not any(isinstance(c, HeldVariate) for c in corrections.values()):
+            return None
+        return to_record(self.variates.shared)
+
+    def _train_message(self, content: RecordDict, node_id: int, correction: Correction | None,
+                       shared: ArrayRecord | None = None) -> Message:
+        """The round's train message for one node, with its SCAFFOLD correction if any: c - c_i,
+        or c and the round of the c_i the node holds (`scaffold.HeldVariate`)."""
+        if isinstance(correction, HeldVariate):
+            content = RecordDict({**content, SHARED_VARIATE: shared, VARIATE_ROUND: ConfigRecord(
+                {VARIATE_ROUND: correction.server_round})})
+        elif correction is not None:
             content = RecordDict({**content, CORRECTION: to_record(correction)})
         return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id)
 
@@ -288,13 +305,17 @@ class Staged:
             say(WARNING, "round %s: %s", server_round,
                 describe_failures([m for m in replies if m.has_error()]))
         accepted, rejections = self._screen(server_round, ok)
-        trained, mean = self._finite_mean(
-            [r for r in accepted if _number(r.metrics.get(NUM_EXAMPLES)) > 0], server_round,
-            rejections)
+        with_data = [r for r in accepted if _number(r.metrics.get(NUM_EXAMPLES)) > 0]
+        if self.variates is not None:  # clients mode: their c_i, finite
+            refused = self.variates.non_finite(with_data)
+            for node, reason in refused.items():
+                self._refuse(server_round, node, reason, rejections)
+            with_data = [r for r in with_data if r.node not in refused]
+        trained, mean = self._finite_mean(with_data, server_round, rejections)
         rejections.sort(key=lambda refused: rank(refused["node"]))  # the replies' order
         arrays, metrics = self._combine(server_round, trained, mean) if trained else (None, None)
         if self.variates is not None and trained:
-            self.variates.update(self._global, trained)
+            self.variates.update(self._global, trained, server_round)
         record = self.rounds.setdefault(server_round, {})
         record.update(_reply_costs(ok, trained, len(replies) - len(ok)))
         record["clients_timed_out"] = record.get("clients_sampled", len(replies)) - len(replies)
@@ -350,6 +371,8 @@ class Staged:
                           self.check_reply(node, reply.arrays, reply.metrics, self._global))
             if reason is None and _number(reply.metrics.get(NUM_EXAMPLES)) <= 0:
                 reason = check_finite(reply.arrays)  # no data: not in the mean, checked here
+            elif reason is None and self.variates is not None:
+                reason = self.variates.check(reply, self._global)
             if reason is None:
                 accepted.append(reply)
             else:

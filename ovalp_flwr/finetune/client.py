@@ -22,6 +22,7 @@ from ovalp_flwr.features.encoders import load_encoder
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.node import (local_schedule, local_test_split, node_partition,
                                         partition_spec, run_config)
+from ovalp_flwr.federation.scaffold_client import drift_offset, reply_variate
 from ovalp_flwr.finetune import make_method
 from ovalp_flwr.finetune.base import FinetuneMethod
 from ovalp_flwr.finetune.data import RawData, partitions, run_data
@@ -32,11 +33,14 @@ from ovalp_flwr.personalize.client import personalization_reply, score_reply
 
 @dataclass
 class Setup:
-    """One process's model (prepared by its method), the method and the raw data."""
+    """One process's model (prepared by its method), the method, the raw data, and the model's
+    seeded trainable tensors: the model itself is trained and scored in place by in-process
+    clients, so a second run in the same process must start from these, not from it."""
 
     model: EncoderClassifier
     method: FinetuneMethod
     data: RawData
+    initial: dict[str, np.ndarray]
     rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     parts: dict[tuple, list[np.ndarray]] = field(default_factory=dict)
 
@@ -74,7 +78,7 @@ def setup(config: RunConfig, data_dir: str | None = None) -> Setup:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             model = method.prepare(build_classifier(encoder, data.num_classes, config.seed, device))
-        _SETUP[key] = Setup(model, method, data)
+        _SETUP[key] = Setup(model, method, data, method.trainable_arrays(model))
     return _SETUP[key]
 
 
@@ -137,22 +141,25 @@ def train(msg: Message, context: Context) -> Message:
                      if isinstance(method, FLoRA) else {})
     arrays = p.from_record(msg.content[p.ARRAYS])
     method.load_trainable(model, arrays)
-    loss, steps = float("nan"), 0
+    loss, steps, variate = float("nan"), 0, None
     if len(labels):
-        correction = msg.content.array_records.get(p.CORRECTION)
+        offset = drift_offset(msg, context)
         loss, steps = fit(
             model, [param for param in model.parameters() if param.requires_grad], inputs, labels,
             loss_for(config.head, int(round_config[p.STAGE])),
             local_schedule(config, round_config, len(labels)),
             shuffle_generator(config.seed, int(round_config["server-round"]), partition_id),
-            gradient_offsets(model, None if correction is None else p.from_record(correction)))
+            gradient_offsets(model, offset))
         arrays = method.trainable_arrays(model)
+        variate = reply_variate(config, context, msg, arrays, steps, offset)
     for key, record in state_updates.items():  # the round went through: keep what it merged
         context.state[key] = record
     metrics = MetricRecord({p.NUM_EXAMPLES: len(labels), p.TRAIN_LOSS: 0.0 if not steps else loss,
                             p.TRAIN_SECONDS: time.perf_counter() - started, p.LOCAL_STEPS: steps})
-    return Message(content=RecordDict({p.ARRAYS: p.to_record(arrays), p.METRICS: metrics}),
-                   reply_to=msg)
+    content = RecordDict({p.ARRAYS: p.to_record(arrays), p.METRICS: metrics})
+    if variate is not None:
+        content[p.VARIATE] = variate
+    return Message(content=content, reply_to=msg)
 
 
 # ------------------------------------------------------------------ personalization (PFT)

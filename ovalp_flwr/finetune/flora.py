@@ -25,6 +25,7 @@ from ovalp_flwr.finetune.lora import FedAvgLoRA, delta_weight
 from ovalp_flwr.finetune.model import EncoderClassifier
 from ovalp_flwr.federation.protocol import from_record, to_record
 from ovalp_flwr.federation.replies import TrainReply
+from ovalp_flwr.federation.scaffold import Correction
 from ovalp_flwr.federation.strategy import Staged
 
 STACKS = "flora-stacks"  # the train message's record of "<round>/<layer>/A|B" stacks to merge
@@ -118,14 +119,15 @@ class StagedFLoRA(Staged, FedAvg):
         self.merged_by: dict[int, int] = {}  # node -> the last round whose stack it was sent
         super().__init__(**options)
 
-    def _train_message(self, content: RecordDict, node_id: int,
-                       correction: dict[str, np.ndarray] | None) -> Message:
+    def _train_message(self, content: RecordDict, node_id: int, correction: Correction | None,
+                       shared: ArrayRecord | None = None) -> Message:
         pending = {f"{r}/{key}": value for r, stack in self.stacks.items()
                    if r > self.merged_by.get(node_id, 0) for key, value in stack.items()}
         extra = {MERGED: ConfigRecord({"merged": self.merged_by.get(node_id, 0)})}
         if pending:
             extra[STACKS] = to_record(pending)
-        return super()._train_message(RecordDict({**content, **extra}), node_id, correction)
+        return super()._train_message(RecordDict({**content, **extra}), node_id, correction,
+                                      shared)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -43,7 +43,7 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
         say(WARNING, "finetune %s: no checkpoints on the encoder path (checkpoint-every=%d has "
             "no effect here)", config.finetune, config.checkpoint_every)
     built = setup(config)
-    initial = built.method.trainable_arrays(built.model)  # the seeded start (copies)
+    initial = {key: value.copy() for key, value in built.initial.items()}  # the seeded start
     nodes = wait_for_nodes(grid)
     check_num_clients(len(nodes), len(built.data.train.labels))
     costs = SetupCosts()

@@ -28,6 +28,7 @@ from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.node import (NodeRows, feature_source, local_schedule, node_partition,
                                         node_rows, node_test_rows, noise_spec, partition_spec,
                                         run_config)
+from ovalp_flwr.federation.scaffold_client import drift_offset, reply_variate
 from ovalp_flwr.personalize.client import personalization_reply, score_reply
 
 # run -> partition id -> (features, labels). One run's rows at a time: a process that serves
@@ -134,14 +135,14 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(round_config["server-round"])
     partition_id, _ = node_partition(context)
     features, labels = _device_rows(config, context, str(round_config.get(p.NORM_DIGEST, "")))
-    correction = msg.content.array_records.get(p.CORRECTION)
+    offset = drift_offset(msg, context)
     result = train_local(
         p.from_record(msg.content[p.ARRAYS]), features, labels,
         head_type=config.head,
         stage=int(round_config[p.STAGE]),
         schedule=local_schedule(config, round_config, len(labels)),
         generator=shuffle_generator(config.seed, server_round, partition_id),
-        gradient_offset=None if correction is None else p.from_record(correction),
+        gradient_offset=offset,
         activation=config.adapter_activation,
     )
     metrics = MetricRecord({
@@ -151,6 +152,9 @@ def train(msg: Message, context: Context) -> Message:
         p.LOCAL_STEPS: result.steps,
     })
     content = RecordDict({p.ARRAYS: p.to_record(result.arrays), p.METRICS: metrics})
+    variate = reply_variate(config, context, msg, result.arrays, result.steps, offset)
+    if variate is not None:
+        content[p.VARIATE] = variate
     return Message(content=content, reply_to=msg)
 
 

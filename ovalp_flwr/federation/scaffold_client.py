@@ -1,0 +1,56 @@
+"""SCAFFOLD's client half: what a node adds to its gradients, and (`scaffold-variates =
+"clients"`) the c_i it keeps in its Context and uploads. The server half, and why the two modes
+give the same model bit for bit, is `federation.scaffold`."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.federation.protocol import (ARRAYS, CONFIG, CORRECTION, SHARED_VARIATE, VARIATE,
+                                            VARIATE_ROUND, from_record, to_record)
+from ovalp_flwr.federation.scaffold import next_variate
+
+
+class VariateMismatch(RuntimeError):
+    """The server sent c for a c_i this node does not hold (it cannot happen unless a node's
+    Context is lost under the same node id)."""
+
+
+def drift_offset(msg: Message, context: Context) -> dict[str, np.ndarray] | None:
+    """c - c_i for this round's local steps: as the server sent it, or computed here from the c
+    it sent and the c_i this node holds, with the server's own subtraction (the same bits);
+    None where the server sent neither (the start of a stage)."""
+    content = msg.content
+    if CORRECTION in content.array_records:
+        return from_record(content[CORRECTION])
+    if SHARED_VARIATE not in content.array_records:
+        return None
+    expected = int(content[VARIATE_ROUND][VARIATE_ROUND])
+    held = context.state.config_records.get(VARIATE_ROUND)
+    held_round = None if held is None else int(held[VARIATE_ROUND])
+    if held_round != expected or VARIATE not in context.state.array_records:
+        raise VariateMismatch(
+            f"the server sent SCAFFOLD's c for this node's c_i from round {expected}, but the "
+            f"node holds {'none' if held_round is None else f'the one from round {held_round}'}")
+    own = from_record(context.state[VARIATE])
+    shared = from_record(content[SHARED_VARIATE])
+    return {key: np.subtract(value, own[key]) for key, value in shared.items()}
+
+
+def reply_variate(config: RunConfig, context: Context, msg: Message,
+                  trained: dict[str, np.ndarray], steps: int,
+                  sent: dict[str, np.ndarray] | None) -> ArrayRecord | None:
+    """With `scaffold-variates = "clients"` and local steps taken: this node's new c_i
+    (`scaffold.next_variate` on the message's arrays, as the server would compute it), kept in
+    the Context with the round it answers and returned for the reply; else None."""
+    if config.drift_correction != "scaffold" or config.scaffold_variates != "clients" or not steps:
+        return None
+    start = from_record(msg.content[ARRAYS])
+    variate = next_variate(start, trained, float(steps), config.learning_rate, sent)
+    record = to_record(variate)
+    context.state[VARIATE] = record
+    context.state[VARIATE_ROUND] = ConfigRecord(
+        {VARIATE_ROUND: int(msg.content[CONFIG]["server-round"])})
+    return record
