@@ -212,14 +212,16 @@ def run_command(command: list[str], what: str, env: dict | None = None) -> None:
                          f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
 
 
-def timed_run(runner: str, clients: int, rounds: int, results: Path, target: float) -> dict:
-    """One run of the default config through `runner`; its timings (`ops.timings`), the command's
-    wall seconds measured here, and its accuracies (to check that every runner got the same).
-    A deployment also gives its SuperNodes' phases per message (`node_phases`)."""
+def timed_run(runner: str, clients: int, rounds: int, results: Path, target: float,
+              variant: str = "") -> dict:
+    """One run of the default config (with `variant`'s keys, e.g. "scaffold-variates='clients'")
+    through `runner`; its timings (`ops.timings`), the command's wall seconds measured here, and
+    its accuracies (to check that every runner got the same). A deployment also gives its
+    SuperNodes' phases per message (`node_phases`)."""
     from ovalp_flwr.ops.timings import run_timings
 
-    name = f"overhead-{runner.split()[0].lower()}-{clients}"
-    run_config = f"num-server-rounds={rounds} results-dir='{results}' run-name='{name}'"
+    name = f"overhead-{runner.split()[0].lower()}-{clients}" + ("-variant" if variant else "")
+    run_config = f"num-server-rounds={rounds} results-dir='{results}' run-name='{name}' {variant}"
     env = dict(os.environ)
     if runner == "deployment":
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TIMESTAMPS),
@@ -235,7 +237,8 @@ def timed_run(runner: str, clients: int, rounds: int, results: Path, target: flo
     timings = run_timings(results / name, target)
     summary = json.loads((results / name / "summary.json").read_text())
     curve = [summary["initial_accuracy"], *(r["accuracy"] for r in summary["rounds"])]
-    return {"runner": runner, "clients": clients, "wall_seconds": wall, "accuracies": curve,
+    return {"runner": runner, "clients": clients, "variant": variant, "wall_seconds": wall,
+            "accuracies": curve,
             **{key: timings[key] for key in ("median_round_seconds", "setup_seconds",
                                              "serverapp_seconds", "target_round",
                                              "seconds_to_target", "command_seconds")},
@@ -274,26 +277,35 @@ def warm_node_caches(clients: int, results: Path) -> None:
     run_command(command, "the untimed deployment that builds the nodes' caches")
 
 
-def rounds_part(rounds: int, results: Path, target: float, sizes: list[tuple[str, int]]) -> list:
-    rows = [timed_run(runner, clients, rounds, results, target) for runner, clients in sizes]
+def rounds_part(rounds: int, results: Path, target: float,
+                sizes: list[tuple[str, int, str]]) -> list:
+    """Each (runner, clients, variant) timed; the floor app beside each runner and size once;
+    each row against the in-process run of its size and variant (the first such row)."""
+    rows = [timed_run(runner, clients, rounds, results, target, variant)
+            for runner, clients, variant in sizes]
+    floors: dict[tuple[str, int], dict] = {}
     for row in rows:
+        where = (row["runner"], row["clients"])
         if row["runner"] != "in process":
-            row["floor"] = floor_run(row["runner"], row["clients"], rounds, results)
-    for clients in {c for _, c in sizes}:
-        same = [r for r in rows if r["clients"] == clients]
-        for row in same:
-            row["same_accuracies_as_in_process"] = row["accuracies"] == same[0]["accuracies"]
-            row["in_process_round_seconds"] = same[0]["median_round_seconds"]
-            row["round_over_in_process"] = (row["median_round_seconds"]
-                                            / same[0]["median_round_seconds"])
+            row["floor"] = floors.get(where) or floors.setdefault(
+                where, floor_run(row["runner"], row["clients"], rounds, results))
+    for row in rows:
+        baseline = next(r for r in rows if r["runner"] == "in process"
+                        and (r["clients"], r["variant"]) == (row["clients"], row["variant"]))
+        first = next(r for r in rows if r["clients"] == row["clients"])
+        row["same_accuracies_as_in_process"] = row["accuracies"] == first["accuracies"]
+        row["in_process_round_seconds"] = baseline["median_round_seconds"]
+        row["round_over_in_process"] = (row["median_round_seconds"]
+                                        / baseline["median_round_seconds"])
     return rows
 
 
 def rounds_table(rows: list[dict], target: float) -> list[str]:
-    lines = ["| runner | clients | per round (median) | x in process | Flower's floor per round "
+    lines = ["| runner | clients | run config | per round (median) | x in process "
+             "| Flower's floor per round "
              "(x in process) | ours above the floor | set-up | whole command "
              f"| to {100 * target:.2f}% (round) | the floor's set-up done | same accuracies |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         to_target = ("-" if r["seconds_to_target"] is None else
                      f"{r['seconds_to_target']:.1f} s ({r['target_round']})")
@@ -303,16 +315,21 @@ def rounds_table(rows: list[dict], target: float) -> list[str]:
             floor = f"{per_round:.2f} s ({per_round / r['in_process_round_seconds']:.1f}x)"
             above = f"{r['median_round_seconds'] - per_round:+.2f} s"
             floor_setup = f"{r['floor']['setup_done_seconds']:.1f} s"
-        lines.append(f"| {r['runner']} | {r['clients']} | {r['median_round_seconds']:.2f} s "
+        lines.append(f"| {r['runner']} | {r['clients']} | {_variant(r)} "
+                     f"| {r['median_round_seconds']:.2f} s "
                      f"| {r['round_over_in_process']:.1f}x | {floor} | {above} "
                      f"| {r['setup_seconds']:.1f} s | {r['wall_seconds']:.1f} s | {to_target} "
                      f"| {floor_setup} | {'yes' if r['same_accuracies_as_in_process'] else 'NO'} |")
     return lines
 
 
+def _variant(row: dict) -> str:
+    return f"`{row['variant']}`" if row.get("variant") else "the default"
+
+
 def phases_table(rows: list[dict]) -> list[str]:
     """The deployment's SuperNode phases per train message (`node_phases`)."""
-    lines = ["| phase (Flower's code) | median | max |", "|---|---|---|"]
+    lines: list[str] = []
     names = {"pull": "pull the message's objects from the SuperLink",
              "reply_wait": "wait for the ClientApp's reply (Flower looks every 0.5 s)",
              "push": "push the reply to the SuperLink",
@@ -321,12 +338,14 @@ def phases_table(rows: list[dict]) -> list[str]:
         phases = row.get("node_phases")
         if not phases:
             continue
+        lines += [f"{row['clients']} nodes, {_variant(row)}:", "",
+                  "| phase (Flower's code) | median | max |", "|---|---|---|"]
         for phase, name in names.items():
             if f"{phase}_median" in phases:
                 lines.append(f"| {name} | {phases[phase + '_median']:.2f} s "
                              f"| {phases[phase + '_max']:.2f} s |")
         lines += ["", f"{phases['first_step']} of {phases['messages']} replies were there at "
-                  "Flower's first 0.5 s look."]
+                  "Flower's first 0.5 s look.", ""]
     return lines
 
 
@@ -359,7 +378,9 @@ def render(payload: dict, args: argparse.Namespace) -> list[str]:
                   f"Medians over rounds 3-{first['rounds_timed'] + 2} (from round 3 SCAFFOLD "
                   "sends corrections). The bare mean is the arithmetic any bit-identical FedAvg "
                   "does (in place, float32, on arrays decoded beforehand); the strategy's mean "
-                  "is checked equal to it, bit for bit, every round.", "",
+                  "is checked equal to it, bit for bit, every round. With c_i kept by the clients "
+                  "(`scaffold-variates = \"clients\"`), each node's work on its c_i is outside "
+                  "the timed calls, as it is on a node; the server sums the c_i it receives.", "",
                   *aggregation_table(payload["aggregation"]), ""]
     if "rounds" in payload:
         rows = payload["rounds"]
@@ -375,7 +396,9 @@ def render(payload: dict, args: argparse.Namespace) -> list[str]:
                   "shapes, on the same grid and polling, with nothing computed on either side); "
                   "its set-up done: from its command to the end of its set-up exchanges, where "
                   "the project's run scores its start. The deployment's nodes have built their "
-                  "feature caches before it is timed (`warm_node_caches`).", "",
+                  "feature caches before it is timed (`warm_node_caches`). x in process: "
+                  "against the in-process run of the same size and run config; same "
+                  "accuracies: every score equal to the first run of that size's.", "",
                   *rounds_table(rows, args.target), "",
                   "### The deployment's SuperNodes, train message by train message", "",
                   "From the nodes' logs (Flower's timestamps on: `benchmarks/timestamps/`, "
@@ -407,8 +430,11 @@ def main() -> None:
             for drift, variates in (("none", "server"), ("scaffold", "server"),
                                     ("scaffold", "clients"))]
     if args.only in (None, "rounds"):
-        sizes = [("in process", 3), ("flwr run (Ray)", 3), ("deployment", 3),
-                 ("in process", 100), ("flwr run (Ray)", 100)]
+        clients_keep = "scaffold-variates='clients'"
+        sizes = [("in process", 3, ""), ("flwr run (Ray)", 3, ""), ("deployment", 3, ""),
+                 ("deployment", 3, clients_keep), ("in process", 100, ""),
+                 ("flwr run (Ray)", 100, ""), ("in process", 100, clients_keep),
+                 ("flwr run (Ray)", 100, clients_keep)]
         warm_node_caches(3, args.results_dir.resolve())
         payload["rounds"] = rounds_part(args.run_rounds, args.results_dir.resolve(), args.target,
                                         sizes)
