@@ -290,9 +290,9 @@ def rounds_part(rounds: int, results: Path, target: float,
             row["floor"] = floors.get(where) or floors.setdefault(
                 where, floor_run(row["runner"], row["clients"], rounds, results))
     for row in rows:
-        baseline = next(r for r in rows if r["runner"] == "in process"
-                        and (r["clients"], r["variant"]) == (row["clients"], row["variant"]))
         first = next(r for r in rows if r["clients"] == row["clients"])
+        baseline = next((r for r in rows if r["runner"] == "in process" and
+                         (r["clients"], r["variant"]) == (row["clients"], row["variant"])), first)
         row["same_accuracies_as_in_process"] = row["accuracies"] == first["accuracies"]
         row["in_process_round_seconds"] = baseline["median_round_seconds"]
         row["round_over_in_process"] = (row["median_round_seconds"]
@@ -432,7 +432,8 @@ def main() -> None:
     if args.only in (None, "rounds"):
         clients_keep = "scaffold-variates='clients'"
         sizes = [("in process", 3, ""), ("flwr run (Ray)", 3, ""), ("deployment", 3, ""),
-                 ("deployment", 3, clients_keep), ("in process", 100, ""),
+                 ("in process", 3, clients_keep), ("deployment", 3, clients_keep),
+                 ("in process", 100, ""),
                  ("flwr run (Ray)", 100, ""), ("in process", 100, clients_keep),
                  ("flwr run (Ray)", 100, clients_keep)]
         warm_node_caches(3, args.results_dir.resolve())

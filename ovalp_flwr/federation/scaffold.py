@@ -143,6 +143,7 @@ class ControlVariates:
         computed here, once: finite (weights > 0), it clears every c_i, and it is next
         round's c if these replies are the ones taken (`update`). Only a non-finite c makes
         each c_i be checked."""
+        self._candidate = None
         if not self.held_by_clients or not replies:
             return {}
         candidate = dict(self.clients)
