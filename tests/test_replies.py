@@ -8,23 +8,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggre
 
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.local_grid import InProcessGrid
-from ovalp_flwr.federation.replies import (UndecodableReply, decode_reply, view_array,
-                                           weighted_mean, weighted_metrics)
-
-ARRAYS = [np.random.default_rng(0).standard_normal((7, 5)).astype(np.float32),
-          np.arange(12, dtype=np.int64).reshape(3, 4), np.zeros(0, np.float64),
-          np.array(2.5, np.float32), np.asfortranarray(np.ones((3, 4), np.float16)),
-          np.array([True, False])]
-
-
-@pytest.mark.parametrize("array", ARRAYS, ids=lambda a: f"{a.dtype}{list(a.shape)}")
-def test_a_view_is_what_flower_decodes_without_a_copy(array):
-    record = Array(array)
-    view = view_array(record)
-    expected = record.numpy()
-    assert view.dtype == expected.dtype and view.shape == expected.shape
-    assert np.array_equal(view, expected) and not view.flags.writeable
-
+from ovalp_flwr.federation.replies import (UndecodableReply, decode_reply, weighted_mean,
+                                           weighted_metrics)
 
 def test_undecodable_arrays_are_refused_with_the_reason():
     grid_identity()

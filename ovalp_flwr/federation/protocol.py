@@ -10,6 +10,8 @@ for them (`STATISTICS_KIND`) and the reply carries them (`STATISTICS`): no extra
 
 from __future__ import annotations
 
+import functools
+import math
 from io import BytesIO
 from typing import TypeVar
 
@@ -65,6 +67,8 @@ GLOBAL_OWN_CORRECT = "global-own-correct"  # ... and the global model's, before 
 
 
 R = TypeVar("R", ArrayRecord, ConfigRecord, MetricRecord)
+HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0,
+                  (2, 0): np.lib.format.read_array_header_2_0}
 
 
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
@@ -94,7 +98,48 @@ def record_of(content: RecordDict, key: str, kind: type[R]) -> R | None:
 
 
 def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {key: value.numpy() for key, value in record.items()}
+    """What `Array.numpy()` gives, each array writable and its own: a copy of its view, without
+    np.load's parse of the header on every call."""
+    return {key: np.array(value, order="K") for key, value in view_record(record).items()}
+
+
+def view_record(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """Every array of the record as a read-only view of its bytes (no copy)."""
+    return {key: view_array(array) for key, array in record.items()}
+
+
+def view_array(array: Array) -> np.ndarray:
+    """What `Array.numpy()` returns, without copying: the np.save header read (once per distinct
+    header: every reply of a round has the same), the rest viewed. Object arrays are refused,
+    as np.load(allow_pickle=False) refuses them."""
+    if array.stype != NUMPY:
+        raise TypeError(f"unsupported serialization type {array.stype!r}")
+    shape, fortran_order, dtype, offset = _header(bytes(array.data[:_header_end(array.data)]))
+    count = math.prod(shape)
+    values = np.frombuffer(array.data, dtype=dtype, count=count, offset=offset)
+    return values.reshape(shape, order="F" if fortran_order else "C")
+
+
+def _header_end(data: bytes) -> int:
+    """Where np.save's header ends: magic (8 bytes), its length (2 or 4 bytes), the header."""
+    if len(data) < 10 or data[:6] != b"\x93NUMPY":
+        raise ValueError("the data are not np.save bytes")
+    if data[6] == 1:
+        return 10 + int.from_bytes(data[8:10], "little")
+    return 12 + int.from_bytes(data[8:12], "little")
+
+
+@functools.lru_cache(maxsize=256)
+def _header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, fortran order, dtype, data offset) of one np.save header."""
+    stream = BytesIO(header)
+    version = np.lib.format.read_magic(stream)
+    if version not in HEADER_READERS:
+        raise ValueError(f"np.save format {version} is not read here")
+    shape, fortran_order, dtype = HEADER_READERS[version](stream)
+    if dtype.hasobject:
+        raise ValueError("object arrays cannot be loaded without pickle")
+    return shape, fortran_order, dtype, stream.tell()
 
 
 def describe_failures(failed: list[Message]) -> str:

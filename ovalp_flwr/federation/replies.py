@@ -10,20 +10,13 @@ place, so the global model is bit-identical to Flower's.
 
 from __future__ import annotations
 
-import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from io import BytesIO
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord
 
-from ovalp_flwr.federation.protocol import ARRAYS, METRICS, NUM_EXAMPLES, NUMPY, record_of
-
-HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0,
-                  (2, 0): np.lib.format.read_array_header_2_0}
-
+from ovalp_flwr.federation.protocol import ARRAYS, METRICS, NUM_EXAMPLES, record_of, view_record
 
 @dataclass(frozen=True)
 class TrainReply:
@@ -56,45 +49,6 @@ def decode_reply(message: Message, uniform: bool = False) -> TrainReply:
     metrics = dict(metric_record)
     weight = 1 if uniform else metrics.get(NUM_EXAMPLES, 0)
     return TrainReply(message.metadata.src_node_id, arrays, metrics, weight, message)
-
-
-def view_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """Every array of the record as a read-only view of its bytes (no copy)."""
-    return {key: view_array(array) for key, array in record.items()}
-
-
-def view_array(array: Array) -> np.ndarray:
-    """What `Array.numpy()` returns, without copying: the np.save header read (once per distinct
-    header: every reply of a round has the same), the rest viewed. Object arrays are refused,
-    as np.load(allow_pickle=False) refuses them."""
-    if array.stype != NUMPY:
-        raise TypeError(f"unsupported serialization type {array.stype!r}")
-    shape, fortran_order, dtype, offset = _header(bytes(array.data[:_header_end(array.data)]))
-    count = math.prod(shape)
-    values = np.frombuffer(array.data, dtype=dtype, count=count, offset=offset)
-    return values.reshape(shape, order="F" if fortran_order else "C")
-
-
-def _header_end(data: bytes) -> int:
-    """Where np.save's header ends: magic (8 bytes), its length (2 or 4 bytes), the header."""
-    if len(data) < 10 or data[:6] != b"\x93NUMPY":
-        raise ValueError("the data are not np.save bytes")
-    if data[6] == 1:
-        return 10 + int.from_bytes(data[8:10], "little")
-    return 12 + int.from_bytes(data[8:12], "little")
-
-
-@functools.lru_cache(maxsize=256)
-def _header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int]:
-    """(shape, fortran order, dtype, data offset) of one np.save header."""
-    stream = BytesIO(header)
-    version = np.lib.format.read_magic(stream)
-    if version not in HEADER_READERS:
-        raise ValueError(f"np.save format {version} is not read here")
-    shape, fortran_order, dtype = HEADER_READERS[version](stream)
-    if dtype.hasobject:
-        raise ValueError("object arrays cannot be loaded without pickle")
-    return shape, fortran_order, dtype, stream.tell()
 
 
 def weighted_mean(replies: Sequence[TrainReply]) -> dict[str, np.ndarray]:

@@ -10,8 +10,8 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from ovalp_flwr.federation.checkpoint import unpack
-from ovalp_flwr.federation.protocol import LOCAL_STEPS, VARIATE, record_of
-from ovalp_flwr.federation.replies import TrainReply, view_record
+from ovalp_flwr.federation.protocol import LOCAL_STEPS, VARIATE, record_of, view_record
+from ovalp_flwr.federation.replies import TrainReply
 from ovalp_flwr.federation.validation import check_arrays, check_finite
 
 

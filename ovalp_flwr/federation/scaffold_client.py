@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.federation.protocol import (ARRAYS, CONFIG, CORRECTION, SHARED_VARIATE, VARIATE,
-                                            VARIATE_ROUND, from_record, to_record)
+                                            VARIATE_ROUND, from_record, to_record, view_record)
 from ovalp_flwr.federation.scaffold import next_variate
 
 
@@ -34,8 +34,8 @@ def drift_offset(msg: Message, context: Context) -> dict[str, np.ndarray] | None
         raise VariateMismatch(
             f"the server sent SCAFFOLD's c for this node's c_i from round {expected}, but the "
             f"node holds {'none' if held_round is None else f'the one from round {held_round}'}")
-    own = from_record(context.state[VARIATE])
-    shared = from_record(content[SHARED_VARIATE])
+    own = view_record(context.state[VARIATE])  # views: only the difference is new memory
+    shared = view_record(content[SHARED_VARIATE])
     return {key: np.subtract(value, own[key]) for key, value in shared.items()}
 
 
@@ -47,7 +47,7 @@ def reply_variate(config: RunConfig, context: Context, msg: Message,
     the Context with the round it answers and returned for the reply; else None."""
     if config.drift_correction != "scaffold" or config.scaffold_variates != "clients" or not steps:
         return None
-    start = from_record(msg.content[ARRAYS])
+    start = view_record(msg.content[ARRAYS])
     variate = next_variate(start, trained, float(steps), config.learning_rate, sent)
     record = to_record(variate)
     context.state[VARIATE] = record
