@@ -3,13 +3,21 @@
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
 
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.local_grid import InProcessGrid
 from ovalp_flwr.federation.scaffold import next_variate
 from ovalp_flwr.federation.scaffold_client import VariateMismatch, drift_offset, reply_variate
 
 START = {"weight": np.full((2, 3), 1.0, np.float32)}
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    """Messages need the run's identity, which a grid sets (as test_replies does)."""
+    InProcessGrid(ClientApp(), 1, run_config={})
 
 
 def train_message(server_round: int, **records) -> Message:

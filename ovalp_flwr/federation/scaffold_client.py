@@ -9,7 +9,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.federation.protocol import (ARRAYS, CONFIG, CORRECTION, SHARED_VARIATE, VARIATE,
-                                            VARIATE_ROUND, from_record, to_record, view_record)
+                                            VARIATE_ROUND, from_record, record_of, to_record,
+                                            view_record)
 from ovalp_flwr.federation.scaffold import next_variate
 
 
@@ -22,20 +23,23 @@ def drift_offset(msg: Message, context: Context) -> dict[str, np.ndarray] | None
     """c - c_i for this round's local steps: as the server sent it, or computed here from the c
     it sent and the c_i this node holds, with the server's own subtraction (the same bits);
     None where the server sent neither (the start of a stage)."""
-    content = msg.content
-    if CORRECTION in content.array_records:
-        return from_record(content[CORRECTION])
-    if SHARED_VARIATE not in content.array_records:
+    content = msg.content  # record_of: not RecordDict's typed views, rebuilt on every access
+    correction = record_of(content, CORRECTION, ArrayRecord)
+    if correction is not None:
+        return from_record(correction)
+    shared_record = record_of(content, SHARED_VARIATE, ArrayRecord)
+    if shared_record is None:
         return None
     expected = int(content[VARIATE_ROUND][VARIATE_ROUND])
-    held = context.state.config_records.get(VARIATE_ROUND)
+    held = record_of(context.state, VARIATE_ROUND, ConfigRecord)
     held_round = None if held is None else int(held[VARIATE_ROUND])
-    if held_round != expected or VARIATE not in context.state.array_records:
+    own_record = record_of(context.state, VARIATE, ArrayRecord)
+    if held_round != expected or own_record is None:
         raise VariateMismatch(
             f"the server sent SCAFFOLD's c for this node's c_i from round {expected}, but the "
             f"node holds {'none' if held_round is None else f'the one from round {held_round}'}")
-    own = view_record(context.state[VARIATE])  # views: only the difference is new memory
-    shared = view_record(content[SHARED_VARIATE])
+    own = view_record(own_record)  # views: only the difference is new memory
+    shared = view_record(shared_record)
     return {key: np.subtract(value, own[key]) for key, value in shared.items()}
 
 
