@@ -37,7 +37,7 @@ AGGREGATION_WEIGHTS = ("samples", "uniform")
 DRIFT_CORRECTIONS = ("none", "scaffold")
 SCAFFOLD_VARIATES = ("server", "clients")  # who computes and keeps c_i: federation.scaffold
 EPOCH_SIZES = ("own-data", "equal-share", "own-data-equal-steps")
-SERVER_OPTIMIZERS = ("fedavg", "fedadam")
+SERVER_OPTIMIZERS = ("fedavg", "fedadam", "lbfgs")
 HEAD_INITS = ("random", "zeros", "class-means", "ridge")  # ovalp_flwr.core.head_init
 STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.federation.secure_sum
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
@@ -230,9 +230,16 @@ class RunConfig:
         "round instead of four). The same global model, bit for bit.", SCAFFOLD_VARIATES)
     server_optimizer: str = _key(
         "fedavg", "rounds", "`fedavg`, or `fedadam`: Flower's FedAdam on the averaged update, "
-        "with `server-learning-rate`.", SERVER_OPTIMIZERS)
+        "with `server-learning-rate`; or `lbfgs`: no local steps, the clients send their "
+        "full-batch gradient and the server takes L-BFGS steps on the centralised objective "
+        "(the run's final loss + weight-decay/2 ‖W‖², bias unpenalised), preconditioned by the "
+        "federation's Gram matrix ([The centralised optimum](server-optimizer.md)). The "
+        "local-step keys, the stages and SCAFFOLD then do not apply; every round needs every "
+        "client.", SERVER_OPTIMIZERS)
     server_learning_rate: float = _key(
         0.1, "rounds", "FedAdam's eta (Flower's default).")
+    lbfgs_memory: int = _key(
+        10, "rounds", 'With `server-optimizer = "lbfgs"`: the curvature pairs L-BFGS keeps.')
     head_init: str = _key(
         "ridge", "start", "Where the heads start: `random` (torch's init: the recipe), "
         "`zeros`, `class-means` (FedNCM) or `ridge` (Fed3R); the last two are built by the "
@@ -374,9 +381,16 @@ class RunConfig:
                 "image_size": self.image_size or None}
 
     @property
+    def server_steps(self) -> bool:
+        """Whether the server optimises the objective itself (the clients send gradients)."""
+        return self.server_optimizer == "lbfgs"
+
+    @property
     def stages(self) -> bool:
-        """Whether the run uses a positives-only first stage at all."""
-        return self.head == "ova" and self.schedule == "two-stage" and self.stage1_rounds > 0
+        """Whether the run uses a positives-only first stage at all (not when the server
+        optimises: it descends the final loss from round 1)."""
+        return (self.head == "ova" and self.schedule == "two-stage" and self.stage1_rounds > 0
+                and not self.server_steps)
 
     def stage_for_round(self, server_round: int) -> int:
         """The server's stage decision: 1 = positives only, 2 = all heads (BCE)."""
@@ -404,6 +418,8 @@ class RunConfig:
         _one_of("statistics-aggregation", self.statistics_aggregation, STATISTICS_AGGREGATIONS)
         _one_of("pft-global", self.pft_global, PFT_GLOBALS)
         _positive("ridge-lambda", self.ridge_lambda)
+        _at_least("lbfgs-memory", self.lbfgs_memory, 1)
+        self._check_server_steps()
         if self.drift_correction == "scaffold" and self.local_optimizer != "sgd":
             raise ConfigError("drift-correction", self.drift_correction,
                               "scaffold's control variates assume local SGD steps; "
@@ -443,6 +459,26 @@ class RunConfig:
         self._check_dataset_and_encoder()
         self._check_model_and_personalization()
         self._check_finetune()
+
+    def _check_server_steps(self) -> None:
+        """What the server's L-BFGS needs: every client's gradient every round (the sum is the
+        centralised gradient only over all rows), a convex objective (heads on the cached
+        features), and the clients' Gram matrix in the clear."""
+        if not self.server_steps:
+            return
+        needs = {"fraction-train": (self.fraction_train, 1.0, "1.0: the gradient is exact only "
+                                    "when every client sends its own"),
+                 "aggregation-weights": (self.aggregation_weights, "samples", '"samples": the '
+                                         "sample-weighted mean of the clients' gradients is the "
+                                         "centralised one"),
+                 "adapter-dim": (self.adapter_dim, 0, "0: the server's steps need a convex "
+                                 "objective, the heads alone"),
+                 "statistics-aggregation": (self.statistics_aggregation, "plain",
+                                            '"plain": the gradients are not summed under '
+                                            "SecAgg+ yet")}
+        for key, (value, allowed, why) in needs.items():
+            if value != allowed:
+                raise ConfigError(key, value, f'with server-optimizer="lbfgs" use {why}')
 
     def _check_finetune(self) -> None:
         """The encoder path's method and its limits: no closed-form start (no cached

@@ -65,7 +65,9 @@ def global_arrays(tmp_path, name):
      "head-init": "random", "fraction-train": 0.5},  # FedAdam's moments, sampling
     # the nodes keep their c_i: the resumed run's hold none, and are sent c - c_i
     {"scaffold-variates": "clients", "fraction-train": 0.5},
-], ids=["scaffold", "fedadam-sampled", "scaffold-clients-sampled"])
+    # the server's L-BFGS: its curvature pairs and last accepted point
+    {"server-optimizer": "lbfgs"},
+], ids=["scaffold", "fedadam-sampled", "scaffold-clients-sampled", "lbfgs"])
 def test_a_run_killed_after_round_3_and_resumed_ends_as_the_uninterrupted_run(
         cache_dir, tmp_path, options):
     whole = resumable_run(cache_dir, tmp_path, "whole", **options)
@@ -75,7 +77,8 @@ def test_a_run_killed_after_round_3_and_resumed_ends_as_the_uninterrupted_run(
     # a new server process, the nodes reconnected under other ids
     DyingGrid.trained_rounds = set()
     resumed = resumable_run(cache_dir, tmp_path, "killed", node_seed=9, resume=True, **options)
-    same = ("round", "accuracy", "train_loss", "clients_trained", "bytes_received_per_client")
+    same = ("round", "accuracy", "train_loss", "clients_trained", "bytes_received_per_client",
+            *(("objective", "server_step") if "server-optimizer" in options else ()))
     assert [[r[k] for k in same] for r in resumed["rounds"]] == \
         [[r[k] for k in same] for r in whole["rounds"]]
     assert resumed["initial_accuracy"] == whole["initial_accuracy"]

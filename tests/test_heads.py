@@ -76,3 +76,59 @@ def test_head_roundtrip_and_seeded_init():
     assert not np.array_equal(arrays["weight"], model_to_numpy(build_head(D, K, seed=8))["weight"])
     rebuilt = model_to_numpy(model_from_numpy(arrays, torch.device("cpu")))
     assert all(np.array_equal(arrays[k], rebuilt[k]) for k in arrays)
+
+
+# ------------------------------------------------------------- the server optimiser's gradient
+
+
+@pytest.mark.parametrize("head_type", ["ova", "softmax"])
+def test_full_batch_gradient_is_autograds_of_the_runs_final_loss(head_type):
+    from ovalp_flwr.core.heads import full_batch_gradient
+
+    torch.manual_seed(0)
+    features, labels = torch.randn(40, D), torch.randint(0, K, (40,))
+    head = build_head(D, K, seed=3)
+    loss = loss_for(head_type, 2)(head(features), labels)
+    loss.backward()
+    arrays = model_to_numpy(head)
+    result = full_batch_gradient(arrays["weight"], arrays["bias"], features, labels, head_type)
+    assert result.loss == pytest.approx(float(loss), rel=1e-6)
+    np.testing.assert_allclose(result.weight, head.weight.grad.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(result.bias, head.bias.grad.numpy(), rtol=1e-5, atol=1e-7)
+    with torch.no_grad():  # the mean second derivative of the loss in each head's logit
+        z = head(features).double()
+        p = torch.sigmoid(z) if head_type == "ova" else torch.softmax(z, 1)
+    np.testing.assert_allclose(result.curvature, (p * (1 - p)).mean(0).numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["iid", "shard", "bernoulli-dirichlet", "zipf"])
+@pytest.mark.parametrize("head_type", ["ova", "softmax"])
+def test_the_sample_weighted_mean_of_the_clients_gradients_is_the_centralised_one(kind, head_type):
+    """On any partition, empty clients included: what makes the server's steps the centralised
+    optimiser's."""
+    from ovalp_flwr.core.heads import full_batch_gradient
+    from ovalp_flwr.data.partition import PartitionSpec, partition_indices
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, K, 600)
+    features = torch.from_numpy(rng.normal(size=(600, D)).astype(np.float32))
+    labels_t = torch.from_numpy(labels)
+    arrays = model_to_numpy(build_head(D, K, seed=2))
+    parts = partition_indices(PartitionSpec(kind=kind, seed=5, classes_per_client=1,
+                                            dirichlet_p=0.3, dirichlet_alpha=0.1, zipf_s=1.5),
+                              labels, 20)
+    assert len({len(p) for p in parts}) > 1 or kind == "iid"  # unequal clients where the partition makes them
+    whole = full_batch_gradient(arrays["weight"], arrays["bias"], features, labels_t, head_type)
+    total = {"loss": 0.0, "weight": 0.0, "bias": 0.0, "curvature": 0.0}
+    for rows in parts:
+        if not len(rows):
+            continue
+        part = full_batch_gradient(arrays["weight"], arrays["bias"], features[rows],
+                                   labels_t[rows], head_type)
+        for key in total:
+            total[key] = total[key] + len(rows) / 600 * np.asarray(getattr(part, key), np.float64)
+    # equal up to float32 logits (a client's matmul rounds as the whole's, not bit for bit)
+    assert total["loss"] == pytest.approx(whole.loss, rel=1e-8)
+    for key in ("weight", "bias"):
+        np.testing.assert_allclose(total[key], getattr(whole, key), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(total["curvature"], whole.curvature, rtol=1e-7)

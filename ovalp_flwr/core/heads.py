@@ -9,6 +9,8 @@ Prediction is the argmax of the K logits for both.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -71,3 +73,38 @@ def accuracy(head: nn.Linear, features: torch.Tensor, labels: torch.Tensor) -> f
         return float("nan")
     predictions = head(features).argmax(dim=1)
     return float((predictions == labels).float().mean())
+
+
+@dataclass(frozen=True)
+class FullBatchGradient:
+    """What one client sends a server-side optimiser: the run's loss on all its rows, its
+    gradient, and each head's mean curvature (the loss's second derivative in that head's logit:
+    σ(1-σ) for OvA, p(1-p) for softmax), all as means over the rows."""
+
+    loss: float
+    weight: np.ndarray  # [K, D] float32
+    bias: np.ndarray  # [K] float32
+    curvature: np.ndarray  # [K] float64
+
+
+@torch.inference_mode()
+def full_batch_gradient(weight: np.ndarray, bias: np.ndarray, features: torch.Tensor,
+                        labels: torch.Tensor, head: str) -> FullBatchGradient:
+    """The gradient of the run's final loss (OvA: `ova_bce_loss`; softmax: `softmax_loss`) at
+    (weight, bias), in closed form: the residual (σ(z) - target, or softmax(z) - target) times the
+    features. No weight decay: the server adds it, once, to the federation's mean."""
+    w = torch.as_tensor(weight, device=features.device)
+    b = torch.as_tensor(bias, device=features.device)
+    logits = torch.addmm(b, features, w.T).double()
+    targets = F.one_hot(labels, w.shape[0]).double()
+    if head == "ova":
+        loss = F.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / len(labels)
+        probabilities = torch.sigmoid(logits)
+    else:
+        loss = F.cross_entropy(logits, labels)
+        probabilities = torch.softmax(logits, dim=1)
+    residual = (probabilities - targets) / len(labels)
+    return FullBatchGradient(
+        float(loss), (residual.to(features.dtype).T @ features).cpu().numpy(),
+        residual.sum(0).float().cpu().numpy(),
+        (probabilities * (1 - probabilities)).mean(0).cpu().numpy())

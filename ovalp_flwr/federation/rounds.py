@@ -11,12 +11,15 @@ from logging import INFO
 import numpy as np
 
 from ovalp_flwr.config import RunConfig
+from ovalp_flwr.core.head_init.statistics import ClassStatistics
+from ovalp_flwr.core.quasi_newton import GramPreconditioner, ServerLBFGS
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.node import local_schedule
 from ovalp_flwr.federation.scaffold import ControlVariates
+from ovalp_flwr.federation.server_lbfgs import StagedLBFGS
 from ovalp_flwr.federation.setup import num_partitions
 from ovalp_flwr.federation.strategy import ReplyCheck, Staged, StagedFedAdam, StagedFedAvg
-from ovalp_flwr.federation.validation import check_train_reply
+from ovalp_flwr.federation.validation import check_curvature, check_train_reply
 from ovalp_flwr.ops.console import say
 
 
@@ -28,7 +31,7 @@ def equal_share_steps(config: RunConfig, clients: dict[int, dict]) -> int:
     where a client holds more than a share: `client.local_schedule`); on equal-size
     partitions nothing changes. 0 when the run's steps come from elsewhere (`local-steps`, or
     epochs of each client's own data)."""
-    if config.epoch_size == "own-data" or config.local_steps:
+    if config.epoch_size == "own-data" or config.local_steps or config.server_steps:
         return 0
     share = sum(int(c[p.NUM_EXAMPLES]) for c in clients.values()) / num_partitions(clients)
     steps = config.local_epochs * max(1, math.ceil(share / config.batch_size))
@@ -45,6 +48,8 @@ def train_reply_check(config: RunConfig, clients: dict[int, dict], steps: int) -
 
     @functools.cache
     def planned(examples: int) -> int:  # the same few counts, round after round
+        if config.server_steps:
+            return 0  # a gradient, no local steps
         return local_schedule(config, round_config, examples).num_steps(examples)
 
     def check(node: int, arrays: dict[str, np.ndarray], metrics: dict,
@@ -54,16 +59,20 @@ def train_reply_check(config: RunConfig, clients: dict[int, dict], steps: int) -
         examples = int(clients[node][p.NUM_EXAMPLES])
         # finiteness: the strategy checks it once, on the average (a sum is finite only if
         # every term is), and looks for the culprit only when it is not
-        return check_train_reply(arrays, metrics, global_arrays, examples, planned(examples),
-                                 finite=False)
+        reason = check_train_reply(arrays, metrics, global_arrays, examples, planned(examples),
+                                   finite=False)
+        if reason is None and config.server_steps:
+            return check_curvature(metrics.get(p.CURVATURE), len(global_arrays["bias"]))
+        return reason
 
     return check
 
 
 def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | None = None,
-                  **wiring) -> Staged:
+                  statistics: ClassStatistics | None = None, **wiring) -> Staged:
     """The run's strategy: FedAvg or FedAdam, with its staging and quantity-skew options (or
-    `strategy_class` with those options: FLoRA's)."""
+    `strategy_class` with those options: FLoRA's); or the server's L-BFGS, preconditioned by
+    the federation's `statistics` (with their Gram matrix)."""
     options = dict(
         stage_for_round=config.stage_for_round,
         seed=config.seed,
@@ -73,9 +82,19 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         exclude_after=config.exclude_after_rejections,
         control_variates=(ControlVariates(config.learning_rate,
                                           held_by_clients=config.scaffold_variates == "clients")
-                          if config.drift_correction == "scaffold" else None),
+                          if config.drift_correction == "scaffold" and not config.server_steps
+                          else None),
         **wiring,
     )
+    if config.server_steps:
+        if statistics is None or statistics.gram is None:
+            raise ValueError('server-optimizer="lbfgs" needs the clients\' summed statistics '
+                             "with their Gram matrix")
+        options["extra_train_config"] = {**options.get("extra_train_config", {}), p.GRADIENT: 1}
+        optimizer = ServerLBFGS(GramPreconditioner(statistics, config.weight_decay),
+                                memory=config.lbfgs_memory)
+        return StagedLBFGS(optimizer=optimizer, weight_decay=config.weight_decay,
+                           total_examples=statistics.num_samples, **options)
     if strategy_class is not None:
         return strategy_class(**options)
     if config.server_optimizer == "fedadam":

@@ -72,6 +72,15 @@ def check_train_reply(arrays: Mapping[str, np.ndarray], metrics: Mapping[str, An
     return check_arrays(arrays, global_arrays, finite=finite)
 
 
+def check_curvature(value: Any, num_heads: int) -> str | None:
+    """A gradient reply's curvature: one mean σ(1-σ) per head, so K numbers in [0, 1/4]."""
+    if not isinstance(value, list) or len(value) != num_heads:
+        return f"{p.CURVATURE} is {type(value).__name__}, not a list of {num_heads} numbers"
+    if not all(_is_number(h) and 0.0 <= h <= 0.25 for h in value):
+        return f"{p.CURVATURE} has entries outside [0, 0.25] (a mean of σ(1-σ))"
+    return None
+
+
 def check_description(metrics: Mapping[str, Any], max_examples: int | None) -> str | None:
     """A `describe` reply's counts: whole numbers, and no more samples than the dataset holds
     (when the server knows it: nodes that read the run's data)."""

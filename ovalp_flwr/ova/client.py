@@ -7,6 +7,7 @@ device; a round is then a few SGD (or AdamW) steps on a slice of memory.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -20,7 +21,7 @@ from flwr.compat.common import recorddict_compat as compat
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.devices import one_cpu_thread, resolve_device
 from ovalp_flwr.core.head_init.statistics import KINDS, ClassStatistics
-from ovalp_flwr.core.heads import accuracy
+from ovalp_flwr.core.heads import accuracy, full_batch_gradient
 from ovalp_flwr.core.model import FeatureModel, model_from_numpy, model_to_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
 from ovalp_flwr.core.training import shuffle_generator, train_local
@@ -135,6 +136,8 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(round_config["server-round"])
     partition_id, _ = node_partition(context)
     features, labels = _device_rows(config, context, str(round_config.get(p.NORM_DIGEST, "")))
+    if round_config.get(p.GRADIENT):
+        return _gradient_reply(msg, config, features, labels)
     offset = drift_offset(msg, context)
     result = train_local(
         p.from_record(msg.content[p.ARRAYS]), features, labels,
@@ -156,6 +159,28 @@ def train(msg: Message, context: Context) -> Message:
     if variate is not None:
         content[p.VARIATE] = variate
     return Message(content=content, reply_to=msg)
+
+
+def _gradient_reply(msg: Message, config: RunConfig, features: torch.Tensor,
+                    labels: torch.Tensor) -> Message:
+    """For a server-side optimiser (`server-optimizer = "lbfgs"`): the loss, its gradient and the
+    heads' mean curvature on all this client's rows at the heads sent, as means (the server
+    weights them by sample count: their mean is the centralised gradient, exactly)."""
+    started = time.perf_counter()
+    arrays = p.from_record(msg.content[p.ARRAYS])
+    if len(labels):
+        result = full_batch_gradient(arrays["weight"], arrays["bias"], features, labels,
+                                     config.head)
+        gradient, loss, curvature = ({"weight": result.weight, "bias": result.bias}, result.loss,
+                                     [float(h) for h in result.curvature])
+    else:  # no rows: no weight in the mean
+        gradient = {key: np.zeros_like(arrays[key]) for key in ("weight", "bias")}
+        loss, curvature = 0.0, [0.0] * len(arrays["bias"])
+    metrics = MetricRecord({p.NUM_EXAMPLES: len(labels), p.TRAIN_LOSS: loss,
+                            p.TRAIN_SECONDS: time.perf_counter() - started, p.LOCAL_STEPS: 0,
+                            p.CURVATURE: curvature})
+    return Message(content=RecordDict({p.ARRAYS: p.to_record(gradient), p.METRICS: metrics}),
+                   reply_to=msg)
 
 
 def evaluate(msg: Message, context: Context) -> Message:

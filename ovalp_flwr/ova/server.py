@@ -63,7 +63,8 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     nodes = wait_for_nodes(grid)
     check_num_clients(len(nodes), len(cache.train.y))  # nodes with own data check theirs
     init = make_head_init(config.head_init, config.ridge_lambda)
-    setup = set_up(grid, nodes, config, cache, init.statistics)
+    # the server's L-BFGS is preconditioned by the Gram matrix, whatever the start
+    setup = set_up(grid, nodes, config, cache, "gram" if config.server_steps else init.statistics)
     initial, start = initial_head(config, init, setup.statistics, cache)
     clients, stats = setup.clients, setup.norm
 
@@ -77,6 +78,7 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
         extra_train_config={**digest_config, **({p.LOCAL_STEPS: steps} if steps else {})},
         check_reply=train_reply_check(config, clients, steps),
         left_out=set(nodes) - set(clients),
+        statistics=setup.statistics.total,
     )
     evaluator = FeatureEvaluator(cache, config, stats)
     evaluator.round_info = lambda server_round: strategy.rounds.get(server_round, {})
@@ -157,8 +159,9 @@ def initial_head(config: RunConfig, init: HeadInit, summed: StatisticsSum,
         raise FederationError(f"head-init={config.head_init!r}: no client sent statistics "
                               "(every client is empty)")
     num_features = cache.train.x.shape[1]
-    weight, bias = init.build(summed.total, config.adapter_dim or num_features, cache.num_classes,
-                              config.seed, config.head)
+    weight, bias = init.build(summed.total if init.statistics != "none" else None,
+                              config.adapter_dim or num_features, cache.num_classes, config.seed,
+                              config.head, config.weight_decay if config.server_steps else 0.0)
     adapter = initial_adapter(num_features, config.adapter_dim, config.seed) \
         if config.adapter_dim else {}
     seconds = time.perf_counter() - started

@@ -28,14 +28,15 @@ class HeadInit:
         raise NotImplementedError
 
     def build(self, stats: ClassStatistics | None, num_features: int, num_classes: int,
-              seed: int, head: str) -> Head:
-        """The start the server sends in round 1 (the head scored as round 0)."""
+              seed: int, head: str, weight_decay: float = 0.0) -> Head:
+        """The start the server sends in round 1 (the head scored as round 0); weight_decay:
+        the L2 the calibration counts (the server optimiser's objective has it)."""
         if self.statistics != "none" and stats is None:
             raise ValueError(f"head-init={self.name!r} needs the clients' statistics; none came")
         weight, bias = self.linear_head(stats, num_features, num_classes, seed)
         if stats is None:
             return weight.astype(np.float32), bias.astype(np.float32)
-        return calibrate(weight, bias, stats, head, seed)
+        return calibrate(weight, bias, stats, head, seed, weight_decay)
 
 
 class RandomInit(HeadInit):

@@ -52,16 +52,19 @@ def _score_covariance(weight: np.ndarray, stats: ClassStatistics) -> np.ndarray:
 
 
 def calibrate(weight: np.ndarray, bias: np.ndarray, stats: ClassStatistics,
-              head: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(a·W, a·b + β) with the scale a and bias β that minimise the head's expected loss."""
+              head: str, seed: int = 0, weight_decay: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(a·W, a·b + β) with the scale a and bias β that minimise the head's expected loss, plus
+    weight_decay/2 ‖a·W‖² when the rounds minimise that (`server-optimizer = "lbfgs"`)."""
     model = ScoreModel.of(weight, bias, stats)
-    scale, shift = (_fit_ova(model) if head == "ova" else (_fit_softmax(model, seed), 0.0))
+    penalty = 0.5 * weight_decay * float(np.sum(np.square(weight, dtype=np.float64)))
+    scale, shift = (_fit_ova(model, penalty) if head == "ova"
+                    else (_fit_softmax(model, seed, penalty), 0.0))
     if not np.isfinite(scale) or scale <= 0:  # scores that carry no class information
         scale, shift = 1.0, 0.0
     return (scale * weight).astype(np.float32), (scale * bias + shift).astype(np.float32)
 
 
-def _fit_ova(model: ScoreModel) -> tuple[float, float]:
+def _fit_ova(model: ScoreModel, penalty: float = 0.0) -> tuple[float, float]:
     """Expected OvA loss by Gauss-Hermite quadrature over every (class, head) pair."""
     nodes, weights = np.polynomial.hermite.hermgauss(QUADRATURE_NODES)
     spread = np.sqrt(2.0 * np.maximum(np.diag(model.covariance), 0.0))  # per head
@@ -72,12 +75,13 @@ def _fit_ova(model: ScoreModel) -> tuple[float, float]:
 
     def loss(scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         logits = scale * scores + shift
-        return (F.binary_cross_entropy_with_logits(logits, targets, reduction="none") * mass).sum()
+        expected = (F.binary_cross_entropy_with_logits(logits, targets, reduction="none") * mass)
+        return expected.sum() + penalty * scale ** 2
 
     return _minimise(loss, _initial_scale(model), fit_shift=True)
 
 
-def _fit_softmax(model: ScoreModel, seed: int) -> float:
+def _fit_softmax(model: ScoreModel, seed: int, penalty: float = 0.0) -> float:
     """Expected cross-entropy over seeded draws of each class's score vector."""
     generator = torch.Generator().manual_seed(seed)
     k = len(model.counts)
@@ -89,7 +93,7 @@ def _fit_softmax(model: ScoreModel, seed: int) -> float:
 
     def loss(scale: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
         ce = F.cross_entropy((scale * scores).reshape(-1, k), labels.reshape(-1), reduction="none")
-        return (ce.reshape(k, SOFTMAX_DRAWS) * mass).sum()
+        return (ce.reshape(k, SOFTMAX_DRAWS) * mass).sum() + penalty * scale ** 2
 
     return _minimise(loss, _initial_scale(model), fit_shift=False)[0]
 

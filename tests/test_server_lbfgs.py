@@ -1,0 +1,100 @@
+"""`server-optimizer = "lbfgs"` through the real ServerApp and ClientApp, in process: the same
+objective on every partition round after round (the gradient is exact), the regularised
+centralised optimum reached, reproducible from the seed, and a round missing a client's rows
+repeats its point instead of stepping on a wrong gradient."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize
+
+from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.features.cache import load_or_build
+from ovalp_flwr.federation.local_grid import app_config
+from test_validation import faulty_run  # tests/ is on sys.path under pytest
+
+LAM = 0.01
+OPTIONS = {"server-optimizer": "lbfgs", "weight-decay": LAM}
+
+
+def run(cache_dir, tmp_path, name, fault=None, rounds=12, **overrides):
+    _, summary = faulty_run(cache_dir, tmp_path, fault or (lambda m, r: r), rounds, name,
+                            **{**OPTIONS, **overrides})
+    return summary
+
+
+def optimum(cache_dir) -> float:
+    """F* of the OvA objective on all training rows, by SciPy, normalised as the runs are."""
+    cache = load_or_build("digits", "pixels", cache_dir, progress=False)
+    stats = NormStats.from_moments(FeatureMoments.of(cache.train.x))
+    x = torch.from_numpy(normalize("standardize", cache.train.x, stats)).double()
+    k, d = cache.num_classes, x.shape[1]
+    targets = torch.nn.functional.one_hot(torch.from_numpy(cache.train.y.astype(np.int64)), k).double()
+
+    def f(flat):
+        point = torch.tensor(flat.reshape(k, d + 1), requires_grad=True)
+        logits = x @ point[:, :-1].T + point[:, -1]
+        value = torch.nn.functional.binary_cross_entropy_with_logits(
+            logits, targets, reduction="sum") / len(x) + 0.5 * LAM * (point[:, :-1] ** 2).sum()
+        value.backward()
+        return float(value.detach()), point.grad.numpy().ravel()
+
+    return minimize(f, np.zeros(k * (d + 1)), jac=True, method="L-BFGS-B",
+                    options={"maxiter": 5000, "ftol": 0.0, "gtol": 1e-9}).fun
+
+
+def objectives(summary):
+    return np.array([r["objective"] for r in summary["rounds"]])
+
+
+def test_every_partition_descends_the_same_objective_to_the_centralised_optimum(cache_dir, tmp_path):
+    runs = {kind: run(cache_dir, tmp_path, kind, partition=kind)
+            for kind in ("iid", "shard", "bernoulli-dirichlet")}
+    trails = {kind: objectives(summary) for kind, summary in runs.items()}
+    # one objective, whatever the partition: equal up to float32 sums
+    for kind in ("shard", "bernoulli-dirichlet"):
+        np.testing.assert_allclose(trails[kind], trails["iid"], rtol=1e-5)
+    best = optimum(cache_dir)
+    assert trails["iid"][0] - best > 1e-2  # the start is not the optimum
+    assert trails["iid"][-1] - best < 1e-4
+    assert all(r["server_step"] in ("first", "accepted", "shortened")
+               for r in runs["iid"]["rounds"])
+    assert runs["iid"]["head_init"]["statistics"] == "gram"
+
+
+def test_a_run_is_reproducible_from_its_seed(cache_dir, tmp_path):
+    first, second = (run(cache_dir, tmp_path, name, rounds=4, partition="shard")
+                     for name in ("a", "b"))
+    keys = ("objective", "accuracy", "gradient_norm", "server_step")
+    assert [[r[k] for k in keys] for r in first["rounds"]] == \
+        [[r[k] for k in keys] for r in second["rounds"]]
+
+
+def test_a_round_without_every_clients_gradient_repeats_its_point(cache_dir, tmp_path):
+    def lose_round_2(message, reply):  # the node's round-2 reply carries a NaN: refused
+        if message.metadata.message_type == "train" and \
+                int(message.content[p.CONFIG]["server-round"]) == 2:
+            arrays = p.from_record(reply.content[p.ARRAYS])
+            arrays["weight"][0, 0] = np.nan
+            reply.content[p.ARRAYS] = p.to_record(arrays)
+        return reply
+
+    faulty = run(cache_dir, tmp_path, "faulty", fault=lose_round_2, rounds=4)
+    clean = run(cache_dir, tmp_path, "clean", rounds=3)
+    rounds = faulty["rounds"]
+    assert rounds[1]["server_step"] == "repeated" and rounds[1]["clients_rejected"] == 1
+    assert rounds[1]["accuracy"] == rounds[0]["accuracy"]  # the same heads again
+    # then it goes on as the clean run, a round late
+    assert [r["objective"] for r in rounds[2:]] == [r["objective"] for r in clean["rounds"][1:]]
+
+
+@pytest.mark.parametrize(("key", "value"), [("fraction-train", 0.5), ("adapter-dim", 8),
+                                            ("statistics-aggregation", "secagg+"),
+                                            ("aggregation-weights", "uniform"),
+                                            ("lbfgs-memory", 0)])
+def test_what_the_server_optimizer_cannot_work_with_is_refused_by_name(key, value):
+    with pytest.raises(ConfigError) as refused:
+        RunConfig.from_mapping({**app_config(), "server-optimizer": "lbfgs", key: value})
+    assert key in str(refused.value)
