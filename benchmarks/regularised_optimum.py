@@ -5,7 +5,8 @@ the softmax head. λ is the centralised ceiling's tuned one-vs-rest λ
 (`benchmarks/results/centralised_ceiling.json`), unless `--lambda` says otherwise.
 
 Solved by SciPy's L-BFGS-B in float64 to a gradient norm of 1e-7 (an independent solver, not
-the project's), from zero. Writes `benchmarks/results/regularised_optimum.{json,md}`, read by
+the project's), from zero, or from a run's final heads (`--start-from results/<...>/<run>`: its
+checkpoint), which only saves SciPy's iterations: the stop is SciPy's own gradient test. Writes `benchmarks/results/regularised_optimum.{json,md}`, read by
 the server-optimizer report to show F - F* per round:
 
     .venv/bin/python benchmarks/regularised_optimum.py                # every ceiling case
@@ -62,7 +63,19 @@ def objective(x: torch.Tensor, y: torch.Tensor, lam: float, head: str, k: int):
     return value_and_gradient
 
 
-def solve(case: str, lam: float, head: str, cache_dir: Path, data_dir: str | None) -> dict[str, Any]:
+def start_point(run_dir: Path | None, k: int, d: int) -> np.ndarray:
+    """Zeros, or the global heads of a run's last checkpoint, flat."""
+    if run_dir is None:
+        return np.zeros(k * (d + 1))
+    from ovalp_flwr.federation.checkpoint import read_checkpoint, unpack
+
+    arrays = unpack("global", read_checkpoint(run_dir).arrays)
+    return np.concatenate([arrays["weight"].astype(np.float64).ravel(),
+                           arrays["bias"].astype(np.float64)])
+
+
+def solve(case: str, lam: float, head: str, cache_dir: Path, data_dir: str | None,
+          start_from: Path | None = None) -> dict[str, Any]:
     dataset, _, encoder = case.partition(":")
     cache = load_or_build(dataset, encoder, cache_dir, data_dir=data_dir)
     train, test = (torch.from_numpy(a).double() for a in standardised(cache))
@@ -70,7 +83,7 @@ def solve(case: str, lam: float, head: str, cache_dir: Path, data_dir: str | Non
     test_labels = torch.from_numpy(cache.test.y.astype(np.int64))
     k, d = cache.num_classes, train.shape[1]
     started = time.perf_counter()
-    result = minimize(objective(train, labels, lam, head, k), np.zeros(k * (d + 1)), jac=True,
+    result = minimize(objective(train, labels, lam, head, k), start_point(start_from, k, d), jac=True,
                       method="L-BFGS-B", options={"maxiter": MAX_ITER, "maxcor": 30,
                                                   "gtol": GRADIENT_TOLERANCE, "ftol": 0.0})
     params = torch.from_numpy(result.x)
@@ -80,7 +93,8 @@ def solve(case: str, lam: float, head: str, cache_dir: Path, data_dir: str | Non
             "gradient_norm": float(np.linalg.norm(result.jac)), "iterations": int(result.nit),
             "converged": bool(result.success), "message": str(result.message),
             "test_accuracy": accuracy, "seconds": round(time.perf_counter() - started, 1),
-            "cache_sha256": cache_digest(cache)}
+            "cache_sha256": cache_digest(cache),
+            "started_from": str(start_from) if start_from else "zeros"}
 
 
 def read_optima(path: Path = OUT) -> dict[str, Any]:
@@ -110,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", help=f"default: {' '.join(CASES)}")
     parser.add_argument("--head", action="append", choices=HEADS, help="default: both")
     parser.add_argument("--lambda", dest="lam", type=float, help="default: the ceiling's OvR λ")
+    parser.add_argument("--start-from", type=Path, help="a run folder whose checkpoint's heads "
+                        "SciPy starts from (one --case and --head)")
     parser.add_argument("--cache-dir", type=Path, default=Path("feature_cache"))
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args(argv)
@@ -118,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in args.case or CASES:
         lam = args.lam or ceilings[case]["one-vs-rest"]["best_lambda"]
         for head in args.head or HEADS:
-            entry = solve(case, lam, head, args.cache_dir, args.data_dir)
+            entry = solve(case, lam, head, args.cache_dir, args.data_dir, args.start_from)
             optima[key(case, head, lam)] = entry
             print(f"{case} {head} λ={lam:g}: F* = {entry['objective']:.6f}, "
                   f"accuracy {100 * entry['test_accuracy']:.2f}% ({entry['seconds']} s)", flush=True)

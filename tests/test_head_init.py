@@ -106,6 +106,24 @@ def test_calibration_keeps_the_argmax_and_lowers_the_training_loss(digits, name,
     assert loss(*calibrated) < 0.7 * loss(*raw)
 
 
+@pytest.mark.parametrize("head", ["ova", "softmax"])
+def test_calibration_for_a_penalised_objective_lowers_that_objective(digits, head):
+    """What `server-optimizer = "lbfgs"` starts from: the scale chosen with the weight decay in
+    the loss is smaller, and the penalised objective lower, than the scale chosen without."""
+    x, y, _, _ = digits
+    stats = statistics(x, y)
+    init, lam = make_head_init("ridge"), 0.05
+    plain, penalised = (init.build(stats, 64, 10, 0, head, weight_decay)
+                        for weight_decay in (0.0, lam))
+
+    def objective(w, b):
+        return float(training_loss(head, torch.from_numpy(x @ w.T + b), y)) + \
+            0.5 * lam * float(np.sum(w.astype(np.float64) ** 2))
+
+    assert np.linalg.norm(penalised[0]) < np.linalg.norm(plain[0])
+    assert objective(*penalised) < objective(*plain)
+
+
 def training_loss(head, logits, labels):
     labels = torch.from_numpy(labels)
     if head == "softmax":

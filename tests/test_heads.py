@@ -92,7 +92,7 @@ def test_full_batch_gradient_is_autograds_of_the_runs_final_loss(head_type):
     loss.backward()
     arrays = model_to_numpy(head)
     result = full_batch_gradient(arrays["weight"], arrays["bias"], features, labels, head_type)
-    assert result.loss == pytest.approx(float(loss), rel=1e-6)
+    assert result.loss == pytest.approx(loss.item(), rel=1e-6)
     np.testing.assert_allclose(result.weight, head.weight.grad.numpy(), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(result.bias, head.bias.grad.numpy(), rtol=1e-5, atol=1e-7)
     with torch.no_grad():  # the mean second derivative of the loss in each head's logit

@@ -59,6 +59,10 @@ def test_every_shipped_preset_loads_and_validates_every_run():
             assert preset.num_supernodes == num_domains(preset.config["dataset"])
         elif "personalize" in preset.config:  # the personalization study's protocol
             assert preset.seeds == PAPER_SEEDS[:3] and preset.num_supernodes == 20
+        elif any(s.run_config.get("server-optimizer") == "lbfgs" for s in preset.runs()):
+            # the server optimiser's study (issue 31): three seeds, 20 rounds
+            assert preset.seeds == PAPER_SEEDS[:3] and preset.num_supernodes == 100
+            assert preset.config["num-server-rounds"] == 20
         else:  # the OvA-LP paper's
             assert preset.seeds == PAPER_SEEDS and preset.num_supernodes == 100
             assert preset.config["num-server-rounds"] == 50

@@ -11,8 +11,11 @@ Hessian is X̃ᵀ diag(h_k) X̃ / n + λ (X̃ = [X 1], h_k the loss's curvature 
 holds X̃ᵀX̃ (`ClassStatistics` with a Gram matrix) and the clients send the mean of h_k, one
 number per head, so the first guess of head k's inverse Hessian is (a_k G̃ + λ)⁻¹ with
 a_k = mean h_k (`GramPreconditioner`). L-BFGS (`ServerLBFGS`) corrects it with the curvature
-pairs the rounds measure. A step is checked by the next round's loss (Armijo): a step that
-does not decrease F enough is taken back and shortened, so no round needs an extra exchange.
+pairs the rounds measure. OvA's objective is a sum of K independent binary problems, so there
+each head keeps its own pairs and scaling (the two loops' inner products are per head); the
+softmax heads are coupled and share them. A step is checked by the next round's loss (Armijo):
+a step that does not decrease F enough is taken back and shortened, so no round needs an extra
+exchange.
 """
 
 from __future__ import annotations
@@ -74,10 +77,12 @@ class Trial:
 
 @dataclass
 class ServerLBFGS:
-    """L-BFGS on the heads [K, D+1] (weight and bias side by side), one gradient per round."""
+    """L-BFGS on the heads [K, D+1] (weight and bias side by side), one gradient per round;
+    `separable`: the heads are independent problems (OvA), each with its own curvature pairs."""
 
     preconditioner: GramPreconditioner
     memory: int = 10
+    separable: bool = False
     pairs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     base: Trial | None = None
 
@@ -97,11 +102,23 @@ class ServerLBFGS:
         self.base = Trial(point, objective, gradient, direction)
         return point + direction, status
 
+    def _dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Inner products: per head [K, 1] when the heads are separable, else one [1, 1]."""
+        return np.sum(a * b, axis=1, keepdims=True) if self.separable \
+            else np.sum(a * b).reshape(1, 1)
+
     def _remember(self, step: np.ndarray, change: np.ndarray) -> None:
-        """A curvature pair (s, y), if it is one (sᵀy > 0: always, F being convex, bar rounding)."""
-        product = float(np.sum(step * change))
-        if product > 1e-10 * np.linalg.norm(step) * np.linalg.norm(change):
+        """A curvature pair (s, y), if it is one: sᵀy > 0 (always, F being convex, bar rounding)
+        for some head; a head whose sᵀy is not gets no weight from it (`_inverse`)."""
+        norms = np.sqrt(self._dot(step, step) * self._dot(change, change))
+        if np.any(self._dot(step, change) > 1e-10 * norms):
             self.pairs = [*self.pairs, (step, change)][-self.memory:]
+
+    def _inverse(self, step: np.ndarray, change: np.ndarray) -> np.ndarray:
+        """1 / sᵀy per head (or one), 0 where the pair carries no curvature."""
+        product = self._dot(step, change)
+        positive = product > 1e-10 * np.sqrt(self._dot(step, step) * self._dot(change, change))
+        return np.where(positive, 1.0 / np.where(positive, product, 1.0), 0.0)
 
     def _shorter(self, objective: float) -> float:
         """The minimiser of the quadratic through F(base), its slope and F(base + step·d),
@@ -115,17 +132,19 @@ class ServerLBFGS:
         heads' curvature, scaled by the newest pair (Shanno-Phua) once there is one."""
         q, history = gradient.copy(), []
         for step, change in reversed(self.pairs):
-            rho = 1.0 / np.sum(step * change)
-            alpha = rho * np.sum(step * q)
+            rho = self._inverse(step, change)
+            alpha = rho * self._dot(step, q)
             q -= alpha * change
             history.append((rho, alpha, step, change))
         if not self.pairs:
             return self.preconditioner.solve(q, FIRST_CURVATURE * curvature)
         step, change = self.pairs[-1]
         q = self.preconditioner.solve(q, curvature)
-        q *= np.sum(step * change) / np.sum(change * self.preconditioner.solve(change, curvature))
+        rho = self._inverse(step, change)
+        shape = rho * self._dot(change, self.preconditioner.solve(change, curvature))  # yᵀHy / sᵀy
+        q *= np.where(shape > 0, 1.0 / np.where(shape > 0, shape, 1.0), 1.0)
         for rho, alpha, step, change in reversed(history):
-            q += (alpha - rho * np.sum(change * q)) * step
+            q += (alpha - rho * self._dot(change, q)) * step
         return q
 
     def state(self) -> tuple[dict[str, np.ndarray], dict]:

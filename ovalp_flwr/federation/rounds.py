@@ -92,7 +92,7 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
                              "with their Gram matrix")
         options["extra_train_config"] = {**options.get("extra_train_config", {}), p.GRADIENT: 1}
         optimizer = ServerLBFGS(GramPreconditioner(statistics, config.weight_decay),
-                                memory=config.lbfgs_memory)
+                                memory=config.lbfgs_memory, separable=config.head == "ova")
         return StagedLBFGS(optimizer=optimizer, weight_decay=config.weight_decay,
                            total_examples=statistics.num_samples, **options)
     if strategy_class is not None:
