@@ -235,7 +235,8 @@ class RunConfig:
         "(the run's final loss + weight-decay/2 ‖W‖², bias unpenalised), preconditioned by the "
         "federation's Gram matrix ([The centralised optimum](server-optimizer.md)). The "
         "local-step keys, the stages and SCAFFOLD then do not apply; every round needs every "
-        "client.", SERVER_OPTIMIZERS)
+        'client; with `statistics-aggregation = "secagg+"` the gradients are averaged under '
+        "SecAgg+ too.", SERVER_OPTIMIZERS)
     server_learning_rate: float = _key(
         0.1, "rounds", "FedAdam's eta (Flower's default).")
     lbfgs_memory: int = _key(
@@ -462,8 +463,8 @@ class RunConfig:
 
     def _check_server_steps(self) -> None:
         """What the server's L-BFGS needs: every client's gradient every round (the sum is the
-        centralised gradient only over all rows), a convex objective (heads on the cached
-        features), and the clients' Gram matrix in the clear."""
+        centralised gradient only over all rows) and a convex objective (heads on the cached
+        features)."""
         if not self.server_steps:
             return
         needs = {"fraction-train": (self.fraction_train, 1.0, "1.0: the gradient is exact only "
@@ -472,10 +473,7 @@ class RunConfig:
                                          "sample-weighted mean of the clients' gradients is the "
                                          "centralised one"),
                  "adapter-dim": (self.adapter_dim, 0, "0: the server's steps need a convex "
-                                 "objective, the heads alone"),
-                 "statistics-aggregation": (self.statistics_aggregation, "plain",
-                                            '"plain": the gradients are not summed under '
-                                            "SecAgg+ yet")}
+                                 "objective, the heads alone")}
         for key, (value, allowed, why) in needs.items():
             if value != allowed:
                 raise ConfigError(key, value, f'with server-optimizer="lbfgs" use {why}')

@@ -86,6 +86,21 @@ class FullBatchGradient:
     bias: np.ndarray  # [K] float32
     curvature: np.ndarray  # [K] float64
 
+    def to_vector(self) -> np.ndarray:
+        """One flat float64 vector (what SecAgg+ averages): weight, bias, curvature, loss."""
+        return np.concatenate([self.weight.ravel(), self.bias, self.curvature, [self.loss]]
+                              ).astype(np.float64)
+
+    @classmethod
+    def from_vector(cls, vector: np.ndarray, num_classes: int, num_features: int
+                    ) -> "FullBatchGradient":
+        k, d = num_classes, num_features
+        if vector.shape != (k * d + 2 * k + 1,):
+            raise ValueError(f"a gradient vector of {k} heads on {d} features has "
+                             f"{k * d + 2 * k + 1} entries; got shape {vector.shape}")
+        weight, bias, curvature, loss = np.split(vector, np.cumsum([k * d, k, k]))
+        return cls(float(loss[0]), weight.reshape(k, d), bias, curvature)
+
 
 @torch.inference_mode()
 def full_batch_gradient(weight: np.ndarray, bias: np.ndarray, features: torch.Tensor,

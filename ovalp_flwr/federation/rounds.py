@@ -69,10 +69,12 @@ def train_reply_check(config: RunConfig, clients: dict[int, dict], steps: int) -
 
 
 def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | None = None,
-                  statistics: ClassStatistics | None = None, **wiring) -> Staged:
+                  statistics: ClassStatistics | None = None, sizes: dict[int, int] | None = None,
+                  **wiring) -> Staged:
     """The run's strategy: FedAvg or FedAdam, with its staging and quantity-skew options (or
     `strategy_class` with those options: FLoRA's); or the server's L-BFGS, preconditioned by
-    the federation's `statistics` (with their Gram matrix)."""
+    the federation's `statistics` (with their Gram matrix), each node's sample count in `sizes`
+    (for its rounds under SecAgg+)."""
     options = dict(
         stage_for_round=config.stage_for_round,
         seed=config.seed,
@@ -94,7 +96,9 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         optimizer = ServerLBFGS(GramPreconditioner(statistics, config.weight_decay),
                                 memory=config.lbfgs_memory, separable=config.head == "ova")
         return StagedLBFGS(optimizer=optimizer, weight_decay=config.weight_decay,
-                           total_examples=statistics.num_samples, **options)
+                           total_examples=statistics.num_samples,
+                           secure=config.statistics_aggregation == "secagg+", sizes=sizes,
+                           **options)
     if strategy_class is not None:
         return strategy_class(**options)
     if config.server_optimizer == "fedadam":

@@ -26,6 +26,8 @@ What SecAgg+ costs, as the workflow works:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
@@ -57,25 +59,45 @@ def secure_statistics(grid: Grid, nodes: list[int], request: dict, sizes: dict[i
     """Every node's statistics summed under SecAgg+: the server sees their sum and each
     node's sample count (`sizes`, from `describe`), nothing else of them. None if the protocol
     halted (too many clients failed; their errors are in the grid's replies)."""
+    average = secure_average(grid, nodes, request, sizes, clipping_range=CLIPPING_RANGE)
+    if average is None or average.contributors != set(nodes):
+        return None
+    return ClassStatistics.from_per_sample_vector(
+        average.vector, sum(sizes.values()), int(request[p.NUM_CLASSES]), num_features)
+
+
+@dataclass(frozen=True)
+class SecureAverage:
+    """What SecAgg+ showed the server: the sample-weighted mean of the nodes' vectors, and which
+    nodes' vectors are in it."""
+
+    vector: np.ndarray
+    contributors: set[int]
+
+
+def secure_average(grid: Grid, nodes: list[int], request: dict, sizes: dict[int, int],
+                   arrays: list[np.ndarray] = (), *, clipping_range: float) -> SecureAverage | None:
+    """The sample-weighted mean of one vector per node (what a `train` message with `request`,
+    and `arrays` as its legacy parameters, makes the node's `secure_statistics_mod` return),
+    under SecAgg+; None if the protocol halted."""
     manager = SimpleClientManager()
     for node in nodes:  # the workflow only reads their node ids (run id 0: never used)
         manager.register(GridClientProxy(node, grid, 0))
-    strategy = SumStatistics({**request, p.CLIPPING_RANGE: CLIPPING_RANGE})
+    strategy = SumStatistics({**request, p.CLIPPING_RANGE: clipping_range})
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                                     run_config={}), strategy=strategy, client_manager=manager)
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: 0})
     context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
-        ndarrays_to_parameters([]), keep_input=True)
+        ndarrays_to_parameters(list(arrays)), keep_input=True)
     small = len(nodes) <= NUM_SHARES  # then every node shares with every other
     SecAggPlusWorkflow(
         1.0 if small else NUM_SHARES, 1.0 if small else RECONSTRUCTION_THRESHOLD,
-        max_weight=float(max(max(sizes.values()), 1)), clipping_range=CLIPPING_RANGE,
+        max_weight=float(max(max(sizes.values()), 1)), clipping_range=clipping_range,
         quantization_range=quantization_range(len(nodes)), modulus_range=MODULUS_RANGE,
     )(grid, context)
     if strategy.average is None:
         return None
-    return ClassStatistics.from_per_sample_vector(
-        strategy.average, sum(sizes.values()), int(request[p.NUM_CLASSES]), num_features)
+    return SecureAverage(strategy.average, strategy.contributors)
 
 
 class SumStatistics(Strategy):
@@ -85,6 +107,7 @@ class SumStatistics(Strategy):
     def __init__(self, request: dict) -> None:
         self.request = dict(request)
         self.average: np.ndarray | None = None
+        self.contributors: set[int] = set()
 
     def initialize_parameters(self, client_manager):
         return None
@@ -96,6 +119,7 @@ class SumStatistics(Strategy):
     def aggregate_fit(self, server_round, results, failures):
         if results:
             (self.average,) = parameters_to_ndarrays(results[0][1].parameters)
+            self.contributors = {int(proxy.node_id) for proxy, _ in results}
         return None, {}
 
     def configure_evaluate(self, server_round, parameters, client_manager):

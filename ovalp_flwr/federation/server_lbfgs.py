@@ -7,42 +7,62 @@ replies pass the same screen as trained ones (shapes, sample counts, finiteness)
 sample-weighted mean is the centralised gradient, and the server adds the weight decay once. A
 round whose replies do not cover every row the federation described (a node timed out, or a
 reply was refused) would give a wrong gradient: the server sends the same heads again instead.
+
+With `statistics-aggregation = "secagg+"` the gradients are averaged under Flower's SecAgg+ as
+the statistics are (`secure_sum.secure_average`): the server sees only the federation's mean
+gradient, loss and curvature, quantised (`GRADIENT_CLIPPING`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
-from flwr.app import ArrayRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from ovalp_flwr.core.heads import FullBatchGradient
 from ovalp_flwr.core.quasi_newton import ServerLBFGS
 from ovalp_flwr.federation.checkpoint import pack, unpack
+from ovalp_flwr.federation.exchange import CountingGrid
 from ovalp_flwr.federation.protocol import CURVATURE, NUM_EXAMPLES, TRAIN_LOSS, to_record
 from ovalp_flwr.federation.replies import TrainReply, weighted_metrics
-from ovalp_flwr.federation.strategy import Staged
+from ovalp_flwr.federation.secure_sum import secure_average
+from ovalp_flwr.federation.strategy import Staged, message_bytes
+
+# |entry| a client's mean gradient, loss or curvature may have under SecAgg+: standardised
+# features keep a mean gradient entry far below it; the quantisation step is 2·64 / 2^24 ≈ 8e-6
+GRADIENT_CLIPPING = 64.0
 
 
 class StagedLBFGS(Staged, FedAvg):
     """The round loop, sampling, screening and checkpoints of `Staged`; the server's step is
-    L-BFGS on the exact gradient."""
+    L-BFGS on the exact gradient. `sizes`: each node's sample count, for SecAgg+ (`secure`)."""
 
     def __init__(self, *, optimizer: ServerLBFGS, weight_decay: float, total_examples: int,
-                 **options) -> None:
+                 secure: bool = False, sizes: dict[int, int] | None = None, **options) -> None:
         super().__init__(**options)
         self.optimizer = optimizer
         self.weight_decay = weight_decay
         self.total_examples = total_examples  # the rows the objective is over
+        self.secure, self.sizes = secure, dict(sizes or {})
 
     def _combine(self, server_round: int, trained: list[TrainReply],
                  mean: dict[str, np.ndarray]) -> tuple[ArrayRecord, MetricRecord]:
-        metrics = weighted_metrics(trained)
-        record = self.rounds.setdefault(server_round, {})
         examples = sum(int(reply.metrics[NUM_EXAMPLES]) for reply in trained)
+        metrics = weighted_metrics(trained)
+        return self._step(server_round, mean, metrics, examples), metrics
+
+    def _step(self, server_round: int, mean: dict[str, np.ndarray], metrics: MetricRecord,
+              examples: int) -> ArrayRecord:
+        """The next heads from the mean gradient, loss and curvature over `examples` rows: the
+        same heads again unless they are every row."""
+        record = self.rounds.setdefault(server_round, {})
         if examples != self.total_examples:
             record["server_step"] = "repeated"  # a partial sum is not the gradient
-            return to_record(self._global), metrics
+            return to_record(self._global)
         weight = self._global["weight"].astype(np.float64)
         point = np.column_stack([weight, self._global["bias"].astype(np.float64)])
         gradient = np.column_stack([mean["weight"] + self.weight_decay * weight, mean["bias"]])
@@ -52,7 +72,41 @@ class StagedLBFGS(Staged, FedAvg):
         record.update(objective=objective, gradient_norm=float(np.linalg.norm(gradient)),
                       server_step=status)
         return to_record({"weight": following[:, :-1].astype(np.float32),
-                          "bias": following[:, -1].astype(np.float32)}), metrics
+                          "bias": following[:, -1].astype(np.float32)})
+
+    def train_round(self, grid: Grid, server_round: int, arrays: ArrayRecord,
+                    train_config: ConfigRecord, timeout: float
+                    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Under SecAgg+, the round is one secure average of every node's gradient vector."""
+        if not self.secure:
+            return super().train_round(grid, server_round, arrays, train_config, timeout)
+        started = time.perf_counter()
+        self._global = {key: array.numpy() for key, array in arrays.items()}
+        nodes = [n for n in self.sample(grid, server_round, 1.0, purpose=0) if n in self.sizes]
+        counted = CountingGrid(grid)
+        request = {**dict(train_config), **self.extra_train_config, "server-round": server_round}
+        average = secure_average(counted, nodes, request, self.sizes,
+                                 [self._global["weight"], self._global["bias"]],
+                                 clipping_range=GRADIENT_CLIPPING)
+        contributors = set() if average is None else average.contributors
+        examples = sum(self.sizes[n] for n in contributors)
+        k, d = self._global["weight"].shape
+        result = FullBatchGradient.from_vector(average.vector, k, d) if average else None
+        metrics = MetricRecord({TRAIN_LOSS: result.loss if result else 0.0,
+                                CURVATURE: [float(h) for h in result.curvature] if result else []})
+        record = self.rounds.setdefault(server_round, {})
+        record.update(stage=2, clients_sampled=len(nodes), aggregation="secagg+",
+                      clients_replied=len(contributors), clients_trained=len(contributors),
+                      clients_failed=len(counted.errors),
+                      train_loss=result.loss if result else None,
+                      bytes_sent_per_client=sum(map(message_bytes, counted.sent)) / max(len(nodes), 1),
+                      bytes_received_per_client=sum(map(message_bytes, counted.received))
+                      / max(len(nodes), 1), server_aggregate_seconds=time.perf_counter() - started)
+        if result is None:
+            record["server_step"] = "repeated"
+            return None, None
+        mean = {"weight": result.weight, "bias": result.bias}
+        return self._step(server_round, mean, metrics, examples), metrics
 
     def state(self, partition_of: Callable[[int], int]) -> tuple[dict[str, np.ndarray], dict]:
         arrays, state = super().state(partition_of)

@@ -142,9 +142,8 @@ class Staged:
             self._record(result.evaluate_metrics_serverapp, 0, evaluate_fn(0, arrays))
         for server_round in range(first_round, num_rounds + 1):
             log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
-            replies = grid.send_and_receive(
-                self.configure_train(server_round, arrays, train_config, grid), timeout=timeout)
-            new_arrays, train_metrics = self.aggregate_train(server_round, replies)
+            new_arrays, train_metrics = self.train_round(grid, server_round, arrays, train_config,
+                                                         timeout)
             if new_arrays is not None:
                 result.arrays = arrays = new_arrays
             self._record(result.train_metrics_clientapp, server_round, train_metrics)
@@ -159,6 +158,14 @@ class Staged:
             if after_round is not None:
                 after_round(server_round, arrays, result)
         return result
+
+    def train_round(self, grid: Grid, server_round: int, arrays: ArrayRecord,
+                    train_config: ConfigRecord, timeout: float
+                    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """One round's train exchange and its aggregate (the new arrays, or None to keep them)."""
+        replies = grid.send_and_receive(
+            self.configure_train(server_round, arrays, train_config, grid), timeout=timeout)
+        return self.aggregate_train(server_round, replies)
 
     @staticmethod
     def _record(history: dict[int, MetricRecord], server_round: int,

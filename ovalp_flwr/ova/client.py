@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client.mod import secaggplus_mod
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 
 from ovalp_flwr.config import RunConfig
@@ -114,18 +114,26 @@ def secure_statistics_mod(msg: Message, context: Context, call_next) -> Message:
 
 
 def _statistics_fitres(msg: Message, context: Context) -> Message:
-    """The requested statistics per sample, as the legacy FitRes that SecAgg+ masks; a client
-    whose statistics exceed the clipping range refuses instead of being clipped."""
-    request = compat.recorddict_to_fitins(msg.content, keep_input=True).config
-    config = run_config(context)
-    stats = client_statistics(config, context, request, str(request.get(p.NORM_DIGEST, "")))
-    vector = stats.per_sample_vector()
+    """The requested statistics per sample (or, for the server's L-BFGS, the full-batch gradient
+    at the heads sent), as the legacy FitRes that SecAgg+ masks; a client whose vector exceeds
+    the clipping range refuses instead of being clipped."""
+    fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
+    request, config = fitins.config, run_config(context)
+    digest = str(request.get(p.NORM_DIGEST, ""))
+    if request.get(p.GRADIENT):
+        features, labels = _device_rows(config, context, digest)
+        weight, bias = parameters_to_ndarrays(fitins.parameters)
+        vector = (full_batch_gradient(weight, bias, features, labels, config.head).to_vector()
+                  if len(labels) else np.zeros(weight.size + 2 * len(bias) + 1))
+        what, examples = "gradient entry", len(labels)
+    else:
+        stats = client_statistics(config, context, request, digest)
+        vector, what, examples = stats.per_sample_vector(), "per-sample statistic", stats.num_samples
     limit = float(request[p.CLIPPING_RANGE])
     if np.abs(vector).max(initial=0.0) > limit:
-        raise ValueError(f"a per-sample statistic of this client is {np.abs(vector).max():.4g}, "
-                         f"outside SecAgg+'s clipping range ±{limit:g}; use "
-                         "statistics-aggregation='plain'")
-    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([vector]), stats.num_samples, {})
+        raise ValueError(f"a {what} of this client is {np.abs(vector).max():.4g}, outside "
+                         f"SecAgg+'s clipping range ±{limit:g}; use statistics-aggregation='plain'")
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([vector]), examples, {})
     return Message(content=compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
 
 

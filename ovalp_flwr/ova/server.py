@@ -79,6 +79,7 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
         check_reply=train_reply_check(config, clients, steps),
         left_out=set(nodes) - set(clients),
         statistics=setup.statistics.total,
+        sizes={node: int(c[p.NUM_EXAMPLES]) for node, c in clients.items()},
     )
     evaluator = FeatureEvaluator(cache, config, stats)
     evaluator.round_info = lambda server_round: strategy.rounds.get(server_round, {})
