@@ -184,8 +184,8 @@ def document(lines, cells, ceilings, optima, base, preset) -> str:
     return "\n".join([
         "# server-optimizer", "",
         f"{preset.description}. Made by `python benchmarks/server_optimizer_report.py` from the "
-        "runs of `python -m ovalp_flwr.experiments.sweep conf/server-optimizer.toml --seeds 0 42 "
-        "777 --runner local --only method=lbfgs` (100 clients, OvA heads, ridge start, 20 rounds).",
+        "runs of `python -m ovalp_flwr.experiments.sweep conf/server-optimizer.toml --runner local` "
+        "(100 clients, OvA heads, ridge start, 20 rounds).",
         "", "## Definitions", "",
         f"- **Ceiling**: the centralised ceiling (`benchmarks/results/centralised_ceiling.md`): {bars}.",
         "- **Rounds to 99% / 99.5%**: the first round whose test accuracy reaches that share of "
