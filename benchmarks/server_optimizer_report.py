@@ -11,7 +11,9 @@ Writes `reports/server-optimizer/report.md`, `table.csv` and `gap.png`:
 
 F - F* at round t is the objective of the heads after round t: the clients measure it at the
 start of round t + 1 (`objective` in summary.json); after the last round it is computed here,
-from the run's checkpoint and the feature cache, as the clients would.
+from the run's checkpoint and the feature cache, as the clients would, and kept in
+`reports/server-optimizer/final_objectives.json` (the checkpoints are not committed: a rerun on the
+committed summaries reads it from there).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import statistics
 import sys
 from collections import defaultdict
@@ -48,6 +51,7 @@ PRESET = ROOT / "conf" / "server-optimizer.toml"
 OUT = ROOT / "reports" / "server-optimizer"
 BASELINES = ROOT / "reports" / "closed-form-starts" / "runs.csv"
 ROUNDS = (1, 3, 5, 10)
+FORMATS = {"gap": "{:.1e}", "to": "{:.1f}", "MB": "{:.1f}", "shortened": "{:.1f}"}
 BARS = (0.99, 0.995)
 
 
@@ -115,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     preset = load_preset(PRESET)
     ceilings, optima, base = read_ceilings(), read_optima(), baselines()
+    finals_file = OUT / "final_objectives.json"
+    finals = json.loads(finals_file.read_text()) if finals_file.exists() else {}
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
     curves: dict[str, list[list[float]]] = defaultdict(list)
     for spec in preset.runs():
@@ -128,10 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         case = f"{config['dataset']}:{config['encoder']}"
         lam = config["weight-decay"]
         optimum = optima[f"{case}|ova|{lam:g}"]["objective"]
-        row = run_row(summary, ceilings[case]["ceiling"], optimum,
-                      final_objective(run_dir, case, lam, args.cache_dir))
+        if (run_dir / "checkpoint.safetensors").exists():
+            finals[spec.name] = final_objective(run_dir, case, lam, args.cache_dir)
+        row = run_row(summary, ceilings[case]["ceiling"], optimum, finals[spec.name])
         cells[spec.choice("dataset"), spec.choice("partition")].append(row)
         curves[spec.choice("dataset")].append(row["gaps"])
+    OUT.mkdir(parents=True, exist_ok=True)
+    replace_durably(finals_file, json.dumps(dict(sorted(finals.items())), indent=1) + "\n")
     write(cells, curves, ceilings, optima, base, preset)
     return 0
 
@@ -149,7 +158,8 @@ def write(cells, curves, ceilings, optima, base, preset) -> None:
              "F−F* after 10 | F−F* after 20 | seeds |", "|---|---|" + "---:|" * 13]
     for (dataset, partition), rows in cells.items():
         get = lambda key: [r.get(key) for r in rows]  # noqa: E731
-        writer.writerow([dataset, partition, len(rows), *(cell(get(k)) for k in header[3:])])
+        writer.writerow([dataset, partition, len(rows),
+                         *(cell(get(k), FORMATS.get(k.split(" ")[0], "{:.2f}")) for k in header[3:])])
         lines.append("| " + " | ".join([
             dataset, partition, cell(get("start")), *(cell(get(f"round {t}")) for t in ROUNDS),
             cell(get("final")), cell(get("to 0.99"), "{:.1f}"), cell(get("to 0.995"), "{:.1f}"),

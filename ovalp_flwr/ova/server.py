@@ -110,7 +110,8 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
                     carry=(CHECKPOINT_FILE, *part_files(run_dir)))
     say(INFO, "final accuracy %.4f after %d rounds (%s start %.4f; %s, %s, %s); results in %s",
         summary["final_accuracy"], config.num_server_rounds, config.head_init,
-        summary["initial_accuracy"], config.head, config.schedule, config.partition, out)
+        summary["initial_accuracy"], config.head,
+        "server L-BFGS" if config.server_steps else config.schedule, config.partition, out)
     return out
 
 
