@@ -110,8 +110,7 @@ class ServerLBFGS:
     def _remember(self, step: np.ndarray, change: np.ndarray) -> None:
         """A curvature pair (s, y), if it is one: sᵀy > 0 (always, F being convex, bar rounding)
         for some head; a head whose sᵀy is not gets no weight from it (`_inverse`)."""
-        norms = np.sqrt(self._dot(step, step) * self._dot(change, change))
-        if np.any(self._dot(step, change) > 1e-10 * norms):
+        if np.any(self._inverse(step, change) > 0):
             self.pairs = [*self.pairs, (step, change)][-self.memory:]
 
     def _inverse(self, step: np.ndarray, change: np.ndarray) -> np.ndarray:

@@ -88,23 +88,22 @@ class StagedLBFGS(Staged, FedAvg):
         average = secure_average(counted, nodes, request, self.sizes,
                                  [self._global["weight"], self._global["bias"]],
                                  clipping_range=GRADIENT_CLIPPING)
-        contributors = set() if average is None else average.contributors
-        examples = sum(self.sizes[n] for n in contributors)
-        k, d = self._global["weight"].shape
-        result = FullBatchGradient.from_vector(average.vector, k, d) if average else None
-        metrics = MetricRecord({TRAIN_LOSS: result.loss if result else 0.0,
-                                CURVATURE: [float(h) for h in result.curvature] if result else []})
         record = self.rounds.setdefault(server_round, {})
         record.update(stage=2, clients_sampled=len(nodes), aggregation="secagg+",
-                      clients_replied=len(contributors), clients_trained=len(contributors),
                       clients_failed=len(counted.errors),
-                      train_loss=result.loss if result else None,
                       bytes_sent_per_client=sum(map(message_bytes, counted.sent)) / max(len(nodes), 1),
                       bytes_received_per_client=sum(map(message_bytes, counted.received))
                       / max(len(nodes), 1), server_aggregate_seconds=time.perf_counter() - started)
-        if result is None:
-            record["server_step"] = "repeated"
+        if average is None:  # the protocol halted: the same heads next round
+            record.update(clients_replied=0, clients_trained=0, server_step="repeated")
             return None, None
+        k, d = self._global["weight"].shape
+        result = FullBatchGradient.from_vector(average.vector, k, d)
+        record.update(clients_replied=len(average.contributors),
+                      clients_trained=len(average.contributors), train_loss=result.loss)
+        metrics = MetricRecord({TRAIN_LOSS: result.loss,
+                                CURVATURE: [float(h) for h in result.curvature]})
+        examples = sum(self.sizes[n] for n in average.contributors)
         mean = {"weight": result.weight, "bias": result.bias}
         return self._step(server_round, mean, metrics, examples), metrics
 
