@@ -1,8 +1,12 @@
 """The stand-in Ray cluster's commands (its run on two raylets: tests/test_launch.py, e2e)."""
 
+import sys
+
 import pytest
 
-from ovalp_flwr.ops.ray_cluster import local_cluster, node_command
+from ovalp_flwr.ops import ray_cluster
+from ovalp_flwr.ops.launch import free_ports
+from ovalp_flwr.ops.ray_cluster import START_ATTEMPTS, NodeExited, local_cluster, node_command
 
 
 def flags(command: list[str]) -> dict[str, str]:
@@ -16,8 +20,49 @@ def test_head_and_raylet_commands_block_and_take_ports_of_their_own(tmp_path):
     assert "--head" in head and "--head" not in raylet
     assert flags(head)["--port"] == "6379" and flags(head)["--temp-dir"] == str(tmp_path)
     assert flags(raylet)["--num-cpus"] == "2"
-    ports = [flags(c)[k] for c in (head, raylet) for k in flags(c) if k.endswith("-port")]
-    assert len(ports) == len(set(ports))  # two raylets on one machine must not collide
+    ports = [flags(c)[k] for c in (head, raylet) for k in flags(c)
+             if k.endswith("-port") and "worker" not in k]
+    assert len(ports) == len(set(ports)) == 9 + 6  # two raylets on one machine must not collide
+    # workers on random ports: Ray's default range (10002-19999) is reserved whole, and a
+    # picked port inside it makes `ray start` exit
+    for command in (head, raylet):
+        assert flags(command)["--min-worker-port"] == flags(command)["--max-worker-port"] == "0"
+
+
+def test_free_ports_are_distinct():
+    assert len(set(free_ports(64))) == 64
+
+
+def fake_node(up_file, exits: bool) -> list[str]:
+    """A stand-in for `ray start --block`: one that fails at once, or one that stays up (and
+    says so with `up_file`, which the stand-in `alive_nodes` reads)."""
+    code = ("print('Failed to bind: port taken'); raise SystemExit(1)" if exits else
+            f"import pathlib, time; pathlib.Path({str(up_file)!r}).touch(); time.sleep(60)")
+    return [sys.executable, "-c", code]
+
+
+def test_a_node_that_exits_at_start_up_is_retried_on_new_ports(monkeypatch, tmp_path):
+    """A port taken between its pick and `ray start` (another run on the machine) costs one
+    more try, not the run."""
+    up_file, tries = tmp_path / "up", iter([True, False])
+    monkeypatch.setattr(ray_cluster, "node_command",
+                        lambda *args: fake_node(up_file, exits=next(tries)))
+    monkeypatch.setattr(ray_cluster, "alive_nodes",
+                        lambda address: ["head"] if up_file.exists() else [])
+    with local_cluster(nodes=1) as cluster:
+        assert "port taken" in (cluster.temp_dir / "node-0.log").read_text()  # try 1 failed
+    assert not cluster.temp_dir.exists()
+
+
+def test_a_node_that_keeps_exiting_fails_with_its_log_in_the_error(monkeypatch, tmp_path):
+    tries = []
+    monkeypatch.setattr(ray_cluster, "node_command",
+                        lambda *args: tries.append(args) or fake_node(tmp_path / "up", exits=True))
+    monkeypatch.setattr(ray_cluster, "alive_nodes", lambda address: [])
+    with pytest.raises(NodeExited, match="(?s)node 0. exited with 1; the end of .*port taken"):
+        with local_cluster(nodes=1):
+            pass
+    assert len(tries) == START_ATTEMPTS
 
 
 def test_a_cluster_of_no_nodes_is_refused():

@@ -37,10 +37,17 @@ FINAL_LINE = "final accuracy "  # the ServerApp's closing log line starts like t
 RESULTS_IN = "; results in "  # ... and ends with its results folder
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` free loopback ports, all bound at once so that none repeats."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def flower_env(flwr_home: Path, ray_address: str | None = None) -> dict[str, str]:

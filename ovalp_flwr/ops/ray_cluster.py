@@ -29,28 +29,33 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ovalp_flwr.ops.launch import _bin, free_port, stop_groups
+from ovalp_flwr.ops.launch import _bin, free_port, free_ports, stop_groups
 
 ACTOR_CLASS = "ClientAppActor"  # Flower's Ray actor that runs the ClientApp
 OBJECT_STORE_BYTES = 300 * 2**20  # per raylet: the heads' messages are kilobytes
+START_ATTEMPTS = 3  # a node whose `ray start` exits (a port taken since it was picked) retries
+LOG_TAIL_LINES = 20  # of a failed node's log, in the error
 
 
 def node_command(temp_dir: Path, num_cpus: int, head_port: int | None) -> list[str]:
     """`ray start --block` for the head (listening on `head_port`) or, with head_port None, for
-    a raylet (the caller adds `--address`); every port its own, so several fit on one machine."""
-    ports = {"--node-manager-port": free_port(), "--object-manager-port": free_port(),
-             "--dashboard-agent-listen-port": free_port(),
-             "--dashboard-agent-grpc-port": free_port(), "--runtime-env-agent-port": free_port(),
-             "--metrics-export-port": free_port()}
+    a raylet (the caller adds `--address`); every port its own, so several fit on one machine.
+
+    Workers bind random ports (`--min/max-worker-port 0`): Ray's default reserves 10002-19999
+    whole, so a free port picked inside that range (where a machine's ephemeral ports start
+    lower) makes `ray start` exit, and two raylets on one machine would share the range."""
+    flags = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+             "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]
+    if head_port is not None:
+        flags += ["--dashboard-port", "--ray-client-server-port"]
     command = [_bin("ray"), "start", "--block", "--num-cpus", str(num_cpus), "--num-gpus", "0",
                "--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats",
-               "--node-ip-address", "127.0.0.1"]
-    for flag, port in ports.items():
+               "--node-ip-address", "127.0.0.1", "--min-worker-port", "0",
+               "--max-worker-port", "0"]
+    for flag, port in zip(flags, free_ports(len(flags))):
         command += [flag, str(port)]
     return command + (["--head", "--port", str(head_port), "--temp-dir", str(temp_dir),
-                       "--dashboard-host", "127.0.0.1", "--dashboard-port", str(free_port()),
-                       "--ray-client-server-port", str(free_port())]
-                      if head_port is not None else [])
+                       "--dashboard-host", "127.0.0.1"] if head_port is not None else [])
 
 
 def ray_query(address: str, code: str, timeout: float = 60.0) -> object:
@@ -89,6 +94,16 @@ class LocalCluster:
     temp_dir: Path
 
 
+class NodeExited(RuntimeError):
+    """A node's `ray start` exited while the cluster was starting."""
+
+    def __init__(self, index: int, returncode: int, log: Path) -> None:
+        tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        super().__init__(f"ray start (node {index}) exited with {returncode}; the end of {log}:\n"
+                         + "\n".join(tail))
+        self.index = index
+
+
 @contextlib.contextmanager
 def local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout: float = 90.0
                   ) -> Iterator[LocalCluster]:
@@ -98,22 +113,44 @@ def local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout: float = 90.0
         raise ValueError(f"nodes={nodes}, cpus_per_node={cpus_per_node} are not allowed; "
                          "use 1 or more of each")
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # Ray's socket paths: keep it short
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     processes: list[subprocess.Popen] = []
+    address = ""
     try:
         for i in range(nodes):
-            command = node_command(temp_dir, cpus_per_node, port if i == 0 else None)
-            if i:
-                command += ["--address", address]
-            with open(temp_dir / f"node-{i}.log", "ab") as log:
-                processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                  start_new_session=True))
-            _wait_for_nodes(address, i + 1, processes, temp_dir, timeout)
+            address = _start_node(i, address, temp_dir, cpus_per_node, processes, timeout)
         yield LocalCluster(address, temp_dir)
     finally:
         stop_groups(processes)
     shutil.rmtree(temp_dir, ignore_errors=True)  # kept, with its logs, when start-up failed
+
+
+def _start_node(index: int, address: str, temp_dir: Path, num_cpus: int,
+                processes: list[subprocess.Popen], timeout: float) -> str:
+    """Start node `index` (0: the head) and wait until the cluster counts it; a node that exits
+    on the way is retried on new ports, `START_ATTEMPTS` in all. Returns the head's address."""
+    for _ in range(START_ATTEMPTS - 1):
+        try:
+            return _try_node(index, address, temp_dir, num_cpus, processes, timeout)
+        except NodeExited as exited:
+            if exited.index != index:
+                raise
+            stop_groups([processes.pop()])  # whatever it left in its group goes with it
+    return _try_node(index, address, temp_dir, num_cpus, processes, timeout)
+
+
+def _try_node(index: int, address: str, temp_dir: Path, num_cpus: int,
+              processes: list[subprocess.Popen], timeout: float) -> str:
+    head_port = free_port() if index == 0 else None
+    command = node_command(temp_dir, num_cpus, head_port)
+    if head_port is None:
+        command += ["--address", address]
+    else:
+        address = f"127.0.0.1:{head_port}"
+    with open(temp_dir / f"node-{index}.log", "ab") as log:
+        processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+    _wait_for_nodes(address, index + 1, processes, temp_dir, timeout)
+    return address
 
 
 def _wait_for_nodes(address: str, count: int, processes: list[subprocess.Popen], temp_dir: Path,
@@ -122,8 +159,7 @@ def _wait_for_nodes(address: str, count: int, processes: list[subprocess.Popen],
     while time.monotonic() < deadline:
         for i, process in enumerate(processes):
             if process.poll() is not None:
-                raise RuntimeError(f"ray start (node {i}) exited with {process.returncode}; see "
-                                   f"{temp_dir / f'node-{i}.log'}")
+                raise NodeExited(i, process.returncode, temp_dir / f"node-{i}.log")
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             if len(alive_nodes(address)) >= count:
                 return
