@@ -99,6 +99,16 @@ def test_full_batch_gradient_is_autograds_of_the_runs_final_loss(head_type):
         z = head(features).double()
         p = torch.sigmoid(z) if head_type == "ova" else torch.softmax(z, 1)
     np.testing.assert_allclose(result.curvature, (p * (1 - p)).mean(0).numpy(), rtol=1e-12)
+    # the loss split K ways: OvA's per head (each binary problem), softmax's per label
+    with torch.no_grad():
+        if head_type == "ova":
+            split = torch.nn.functional.binary_cross_entropy_with_logits(
+                z, torch.nn.functional.one_hot(labels, K).double(), reduction="none").mean(0)
+        else:
+            rows = torch.nn.functional.cross_entropy(z, labels, reduction="none")
+            split = torch.stack([rows[labels == k].sum() / len(labels) for k in range(K)])
+    np.testing.assert_allclose(result.losses, split.numpy(), rtol=1e-12)
+    assert result.losses.sum() == pytest.approx(result.loss, rel=1e-12)
 
 
 @pytest.mark.parametrize("kind", ["iid", "shard", "bernoulli-dirichlet", "zipf"])
@@ -119,7 +129,7 @@ def test_the_sample_weighted_mean_of_the_clients_gradients_is_the_centralised_on
                               labels, 20)
     assert len({len(p) for p in parts}) > 1 or kind == "iid"  # unequal clients where the partition makes them
     whole = full_batch_gradient(arrays["weight"], arrays["bias"], features, labels_t, head_type)
-    total = {"loss": 0.0, "weight": 0.0, "bias": 0.0, "curvature": 0.0}
+    total = {"loss": 0.0, "weight": 0.0, "bias": 0.0, "curvature": 0.0, "losses": 0.0}
     for rows in parts:
         if not len(rows):
             continue
@@ -132,3 +142,21 @@ def test_the_sample_weighted_mean_of_the_clients_gradients_is_the_centralised_on
     for key in ("weight", "bias"):
         np.testing.assert_allclose(total[key], getattr(whole, key), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(total["curvature"], whole.curvature, rtol=1e-7)
+    np.testing.assert_allclose(total["losses"], whole.losses, rtol=1e-7)
+
+
+def test_a_gradient_vector_round_trips_and_a_wrong_length_is_refused():
+    """The flat vector SecAgg+ averages: weight, bias, curvature, losses, loss."""
+    from ovalp_flwr.core.heads import FullBatchGradient, full_batch_gradient
+
+    features, labels = torch.randn(30, D), torch.randint(0, K, (30,))
+    arrays = model_to_numpy(build_head(D, K, seed=1))
+    result = full_batch_gradient(arrays["weight"], arrays["bias"], features, labels, "ova")
+    back = FullBatchGradient.from_vector(result.to_vector(), K, D)
+    for key in ("weight", "bias", "curvature", "losses"):
+        np.testing.assert_array_equal(getattr(back, key), getattr(result, key))
+    assert back.loss == result.loss
+    empty = FullBatchGradient.empty(K, D)
+    assert empty.to_vector().shape == result.to_vector().shape and not empty.to_vector().any()
+    with pytest.raises(ValueError, match=f"has {K * D + 3 * K + 1} entries; got shape"):
+        FullBatchGradient.from_vector(result.to_vector()[:-1], K, D)

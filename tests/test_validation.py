@@ -118,3 +118,20 @@ def test_a_node_that_describes_itself_impossibly_is_left_out(cache_dir, tmp_path
     assert summary["final_accuracy"] > 0.85
     left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert len(left_out) == 1 and reason in left_out[0]
+
+
+@pytest.mark.parametrize("change, words", [
+    ({p.CURVATURE: [0.1, 0.3]}, "entries outside [0, 0.25]"),
+    ({p.CURVATURE: [0.1]}, "not a list of 2 finite numbers"),
+    ({p.LOSSES: [0.2, float("nan")]}, "not a list of 2 finite numbers"),
+    ({p.LOSSES: [0.7, -0.2]}, "not 2 numbers >= 0 adding up to train-loss=0.5"),
+    ({p.LOSSES: [0.3, 0.3]}, "(sum 0.6) are not 2 numbers >= 0 adding up to"),
+])
+def test_a_gradient_reply_with_impossible_curvature_or_losses_is_refused(change, words):
+    """The server's L-BFGS line-searches each OvA head on the losses the clients send: they must
+    be K numbers >= 0 that add up to the reply's loss, and each curvature a mean of σ(1-σ)."""
+    from ovalp_flwr.federation.validation import check_gradient_metrics
+
+    good = {p.TRAIN_LOSS: 0.5, p.CURVATURE: [0.1, 0.2], p.LOSSES: [0.2, 0.3]}
+    assert check_gradient_metrics(good, 2) is None
+    assert words in check_gradient_metrics({**good, **change}, 2)

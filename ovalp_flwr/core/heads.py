@@ -78,28 +78,37 @@ def accuracy(head: nn.Linear, features: torch.Tensor, labels: torch.Tensor) -> f
 @dataclass(frozen=True)
 class FullBatchGradient:
     """What one client sends a server-side optimiser: the run's loss on all its rows, its
-    gradient, and each head's mean curvature (the loss's second derivative in that head's logit:
-    σ(1-σ) for OvA, p(1-p) for softmax), all as means over the rows."""
+    gradient, each head's mean curvature (the loss's second derivative in that head's logit:
+    σ(1-σ) for OvA, p(1-p) for softmax), and the loss split K ways (OvA: per head, the K binary
+    problems, each with its own line search on the server; softmax: the rows of each label), all
+    as means over the rows."""
 
     loss: float
     weight: np.ndarray  # [K, D] float32
     bias: np.ndarray  # [K] float32
     curvature: np.ndarray  # [K] float64
+    losses: np.ndarray  # [K] float64, summing to `loss`
 
     def to_vector(self) -> np.ndarray:
-        """One flat float64 vector (what SecAgg+ averages): weight, bias, curvature, loss."""
-        return np.concatenate([self.weight.ravel(), self.bias, self.curvature, [self.loss]]
-                              ).astype(np.float64)
+        """One flat float64 vector (what SecAgg+ averages): weight, bias, curvature, losses, loss."""
+        return np.concatenate([self.weight.ravel(), self.bias, self.curvature, self.losses,
+                               [self.loss]]).astype(np.float64)
 
     @classmethod
     def from_vector(cls, vector: np.ndarray, num_classes: int, num_features: int
                     ) -> "FullBatchGradient":
         k, d = num_classes, num_features
-        if vector.shape != (k * d + 2 * k + 1,):
+        if vector.shape != (k * d + 3 * k + 1,):
             raise ValueError(f"a gradient vector of {k} heads on {d} features has "
-                             f"{k * d + 2 * k + 1} entries; got shape {vector.shape}")
-        weight, bias, curvature, loss = np.split(vector, np.cumsum([k * d, k, k]))
-        return cls(float(loss[0]), weight.reshape(k, d), bias, curvature)
+                             f"{k * d + 3 * k + 1} entries; got shape {vector.shape}")
+        weight, bias, curvature, losses, loss = np.split(vector, np.cumsum([k * d, k, k, k]))
+        return cls(float(loss[0]), weight.reshape(k, d), bias, curvature, losses)
+
+    @classmethod
+    def empty(cls, num_classes: int, num_features: int) -> "FullBatchGradient":
+        """A client with no rows: zeros everywhere (it has no weight in the mean)."""
+        return cls(0.0, np.zeros((num_classes, num_features), np.float32),
+                   np.zeros(num_classes, np.float32), np.zeros(num_classes), np.zeros(num_classes))
 
 
 @torch.inference_mode()
@@ -113,13 +122,16 @@ def full_batch_gradient(weight: np.ndarray, bias: np.ndarray, features: torch.Te
     logits = torch.addmm(b, features, w.T).double()
     targets = F.one_hot(labels, w.shape[0]).double()
     if head == "ova":
-        loss = F.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / len(labels)
+        losses = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(0)
         probabilities = torch.sigmoid(logits)
     else:
-        loss = F.cross_entropy(logits, labels)
+        per_row = F.cross_entropy(logits, labels, reduction="none")
+        losses = torch.zeros(w.shape[0], dtype=per_row.dtype, device=per_row.device)
+        losses.index_add_(0, labels, per_row)
         probabilities = torch.softmax(logits, dim=1)
+    losses = losses / len(labels)
     residual = (probabilities - targets) / len(labels)
     return FullBatchGradient(
-        float(loss), (residual.to(features.dtype).T @ features).cpu().numpy(),
+        float(losses.sum()), (residual.to(features.dtype).T @ features).cpu().numpy(),
         residual.sum(0).float().cpu().numpy(),
-        (probabilities * (1 - probabilities)).mean(0).cpu().numpy())
+        (probabilities * (1 - probabilities)).mean(0).cpu().numpy(), losses.cpu().numpy())

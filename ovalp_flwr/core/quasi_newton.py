@@ -15,7 +15,8 @@ pairs the rounds measure. OvA's objective is a sum of K independent binary probl
 each head keeps its own pairs and scaling (the two loops' inner products are per head); the
 softmax heads are coupled and share them. A step is checked by the next round's loss (Armijo):
 a step that does not decrease F enough is taken back and shortened, so no round needs an extra
-exchange.
+exchange. Under OvA that check is per head too (the clients send each head's loss, K numbers):
+one head's overshoot no longer holds the other K - 1 back.
 """
 
 from __future__ import annotations
@@ -61,46 +62,66 @@ class GramPreconditioner:
 
 @dataclass
 class Trial:
-    """The last accepted point, its objective and gradient, and the direction and step length
-    the point the clients were last sent lies at."""
+    """Per part (each head when separable, else the whole): the last accepted point, its
+    objective and gradient, and the direction and step length the point the clients were last
+    sent lies at."""
 
-    point: np.ndarray
-    objective: float
-    gradient: np.ndarray
-    direction: np.ndarray
-    step: float = 1.0
-
-    @property
-    def slope(self) -> float:
-        return float(np.sum(self.gradient * self.direction))
+    point: np.ndarray  # [K, D+1]
+    objective: np.ndarray  # [P]
+    gradient: np.ndarray  # [K, D+1]
+    direction: np.ndarray  # [K, D+1]
+    step: np.ndarray  # [P]
 
 
 @dataclass
 class ServerLBFGS:
     """L-BFGS on the heads [K, D+1] (weight and bias side by side), one gradient per round;
-    `separable`: the heads are independent problems (OvA), each with its own curvature pairs."""
+    `separable`: the heads are independent problems (OvA), each with its own curvature pairs
+    and its own line search (the clients send the loss per head)."""
 
     preconditioner: GramPreconditioner
     memory: int = 10
     separable: bool = False
     pairs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     base: Trial | None = None
+    shortened: int = 0  # the parts whose last step was refused
 
-    def next_point(self, point: np.ndarray, objective: float, gradient: np.ndarray,
+    def next_point(self, point: np.ndarray, objective: float | np.ndarray, gradient: np.ndarray,
                    curvature: np.ndarray) -> tuple[np.ndarray, str]:
-        """Where the clients evaluate next, from F, ∇F and the heads' mean curvature at `point`
-        (where they evaluated this round); and what became of the last step: "first",
-        "accepted" or "shortened" (it did not decrease F enough: taken back, a shorter one sent)."""
-        status = "first"
-        if self.base is not None:
-            self._remember(point - self.base.point, gradient - self.base.gradient)
-            if objective > self.base.objective + ARMIJO * self.base.step * self.base.slope:
-                self.base.step = self._shorter(objective)
-                return self.base.point + self.base.step * self.base.direction, "shortened"
-            status = "accepted"
+        """Where the clients evaluate next, from F (per head when separable: [K]), ∇F and the
+        heads' mean curvature at `point` (where they evaluated this round); and what became of
+        the last step: "first", "accepted" or "shortened" (some part did not decrease F enough:
+        that part is taken back and a shorter step sent; the others go on from here)."""
+        objective = np.atleast_1d(np.asarray(objective, np.float64))
+        parts = len(gradient) if self.separable else 1
+        if objective.shape != (parts,):
+            raise ValueError(f"the objective has shape {objective.shape}; this optimiser needs "
+                             f"({parts},): {'one per head' if self.separable else 'one number'}")
+        base = self.base
+        if base is not None:
+            self._remember(point - base.point, gradient - base.gradient)
         direction = -self._inverse_hessian_times(gradient, curvature)
-        self.base = Trial(point, objective, gradient, direction)
-        return point + direction, status
+        if base is None:
+            self.base, self.shortened = Trial(point, objective, gradient, direction,
+                                              np.ones(parts)), 0
+            return point + direction, "first"
+        refused = objective > base.objective + ARMIJO * base.step * self._slope(base)
+        rows = self._rows(refused)  # refused parts go back to where they were accepted
+        self.base = Trial(np.where(rows, base.point, point),
+                          np.where(refused, base.objective, objective),
+                          np.where(rows, base.gradient, gradient),
+                          np.where(rows, base.direction, direction),
+                          np.where(refused, self._shorter(base, objective), 1.0))
+        self.shortened = int(refused.sum())
+        following = self.base.point + self._rows(self.base.step) * self.base.direction
+        return following, "shortened" if self.shortened else "accepted"
+
+    def _rows(self, per_part: np.ndarray) -> np.ndarray:
+        """A per-part value as a column that broadcasts over the heads' rows."""
+        return per_part[:, None]
+
+    def _slope(self, trial: Trial) -> np.ndarray:
+        return self._dot(trial.gradient, trial.direction)[:, 0]
 
     def _dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Inner products: per head [K, 1] when the heads are separable, else one [1, 1]."""
@@ -119,12 +140,14 @@ class ServerLBFGS:
         positive = product > 1e-10 * np.sqrt(self._dot(step, step) * self._dot(change, change))
         return np.where(positive, 1.0 / np.where(positive, product, 1.0), 0.0)
 
-    def _shorter(self, objective: float) -> float:
-        """The minimiser of the quadratic through F(base), its slope and F(base + step·d),
-        kept within [0.1, 0.5] of the step refused."""
-        step, rise = self.base.step, objective - self.base.objective - self.base.slope * self.base.step
-        guess = -self.base.slope * step ** 2 / (2.0 * rise) if rise > 0 else 0.5 * step
-        return float(np.clip(guess, 0.1 * step, 0.5 * step))
+    def _shorter(self, base: Trial, objective: np.ndarray) -> np.ndarray:
+        """Per part, the minimiser of the quadratic through F(base), its slope and
+        F(base + step·d), kept within [0.1, 0.5] of the step refused."""
+        slope, step = self._slope(base), base.step
+        rise = objective - base.objective - slope * step
+        safe = np.where(rise > 0, rise, 1.0)
+        guess = np.where(rise > 0, -slope * step ** 2 / (2.0 * safe), 0.5 * step)
+        return np.clip(guess, 0.1 * step, 0.5 * step)
 
     def _inverse_hessian_times(self, gradient: np.ndarray, curvature: np.ndarray) -> np.ndarray:
         """L-BFGS's two loops; the initial inverse Hessian is the Gram preconditioner at the
@@ -150,15 +173,15 @@ class ServerLBFGS:
         """Arrays and numbers a checkpoint keeps: the pairs and the last accepted point."""
         arrays = {f"s{i}": s for i, (s, _) in enumerate(self.pairs)}
         arrays.update({f"y{i}": y for i, (_, y) in enumerate(self.pairs)})
-        numbers: dict = {"pairs": len(self.pairs)}
         if self.base is not None:
-            arrays.update(point=self.base.point, gradient=self.base.gradient,
-                          direction=self.base.direction)
-            numbers.update(objective=self.base.objective, step=self.base.step)
-        return arrays, numbers
+            arrays.update(point=self.base.point, objective=self.base.objective,
+                          gradient=self.base.gradient, direction=self.base.direction,
+                          step=self.base.step)
+        return arrays, {"pairs": len(self.pairs), "shortened": self.shortened}
 
     def restore(self, arrays: dict[str, np.ndarray], numbers: dict) -> None:
         self.pairs = [(arrays[f"s{i}"], arrays[f"y{i}"]) for i in range(int(numbers["pairs"]))]
+        self.shortened = int(numbers["shortened"])
         self.base = None if "point" not in arrays else Trial(
-            arrays["point"], float(numbers["objective"]), arrays["gradient"],
-            arrays["direction"], float(numbers["step"]))
+            arrays["point"], arrays["objective"], arrays["gradient"], arrays["direction"],
+            arrays["step"])

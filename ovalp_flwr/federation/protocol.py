@@ -47,6 +47,7 @@ STAGE = "stage"
 # server-optimizer = "lbfgs": a train message asks for the full-batch gradient, not local steps
 GRADIENT = "gradient"  # train config: 1 = reply with the gradient at the heads sent
 CURVATURE = "curvature"  # train reply: each head's mean loss curvature (a list, K floats)
+LOSSES = "losses"  # train reply: train-loss split per head (OvA) or label (softmax), K floats
 NORM_DIGEST = "norm-digest"
 OWN_DATA = "own-data"  # 1: the node reads its own data dir / cache dir, not the run's
 FEATURE_SPACE = "feature-space"  # digest of encoder identity + label set (CachedFeatures)

@@ -19,7 +19,7 @@ from ovalp_flwr.federation.scaffold import ControlVariates
 from ovalp_flwr.federation.server_lbfgs import StagedLBFGS
 from ovalp_flwr.federation.setup import num_partitions
 from ovalp_flwr.federation.strategy import ReplyCheck, Staged, StagedFedAdam, StagedFedAvg
-from ovalp_flwr.federation.validation import check_curvature, check_train_reply
+from ovalp_flwr.federation.validation import check_gradient_metrics, check_train_reply
 from ovalp_flwr.ops.console import say
 
 
@@ -62,7 +62,7 @@ def train_reply_check(config: RunConfig, clients: dict[int, dict], steps: int) -
         reason = check_train_reply(arrays, metrics, global_arrays, examples, planned(examples),
                                    finite=False)
         if reason is None and config.server_steps:
-            return check_curvature(metrics.get(p.CURVATURE), len(global_arrays["bias"]))
+            return check_gradient_metrics(metrics, len(global_arrays["bias"]))
         return reason
 
     return check

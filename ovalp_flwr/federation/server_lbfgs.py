@@ -27,7 +27,8 @@ from ovalp_flwr.core.heads import FullBatchGradient
 from ovalp_flwr.core.quasi_newton import ServerLBFGS
 from ovalp_flwr.federation.checkpoint import pack, unpack
 from ovalp_flwr.federation.exchange import CountingGrid
-from ovalp_flwr.federation.protocol import CURVATURE, NUM_EXAMPLES, TRAIN_LOSS, to_record
+from ovalp_flwr.federation.protocol import (CURVATURE, LOSSES, NUM_EXAMPLES, TRAIN_LOSS,
+                                            to_record)
 from ovalp_flwr.federation.replies import TrainReply, weighted_metrics
 from ovalp_flwr.federation.secure_sum import secure_average
 from ovalp_flwr.federation.strategy import Staged, message_bytes
@@ -66,11 +67,15 @@ class StagedLBFGS(Staged, FedAvg):
         weight = self._global["weight"].astype(np.float64)
         point = np.column_stack([weight, self._global["bias"].astype(np.float64)])
         gradient = np.column_stack([mean["weight"] + self.weight_decay * weight, mean["bias"]])
-        objective = float(metrics[TRAIN_LOSS]) + 0.5 * self.weight_decay * float(np.sum(weight ** 2))
+        penalty = 0.5 * self.weight_decay * np.sum(weight ** 2, axis=1)  # per head
+        objective = (np.asarray(metrics[LOSSES], np.float64) + penalty  # F per head (OvA)
+                     if self.optimizer.separable
+                     else np.array([float(metrics[TRAIN_LOSS]) + penalty.sum()]))
         curvature = np.asarray(metrics[CURVATURE], np.float64)
         following, status = self.optimizer.next_point(point, objective, gradient, curvature)
-        record.update(objective=objective, gradient_norm=float(np.linalg.norm(gradient)),
-                      server_step=status)
+        record.update(objective=float(objective.sum()), server_step=status,
+                      gradient_norm=float(np.linalg.norm(gradient)),
+                      steps_shortened=self.optimizer.shortened)
         return to_record({"weight": following[:, :-1].astype(np.float32),
                           "bias": following[:, -1].astype(np.float32)})
 
@@ -102,7 +107,8 @@ class StagedLBFGS(Staged, FedAvg):
         record.update(clients_replied=len(average.contributors),
                       clients_trained=len(average.contributors), train_loss=result.loss)
         metrics = MetricRecord({TRAIN_LOSS: result.loss,
-                                CURVATURE: [float(h) for h in result.curvature]})
+                                CURVATURE: [float(h) for h in result.curvature],
+                                LOSSES: [float(loss) for loss in result.losses]})
         examples = sum(self.sizes[n] for n in average.contributors)
         mean = {"weight": result.weight, "bias": result.bias}
         return self._step(server_round, mean, metrics, examples), metrics

@@ -72,12 +72,20 @@ def check_train_reply(arrays: Mapping[str, np.ndarray], metrics: Mapping[str, An
     return check_arrays(arrays, global_arrays, finite=finite)
 
 
-def check_curvature(value: Any, num_heads: int) -> str | None:
-    """A gradient reply's curvature: one mean σ(1-σ) per head, so K numbers in [0, 1/4]."""
-    if not isinstance(value, list) or len(value) != num_heads:
-        return f"{p.CURVATURE} is {type(value).__name__}, not a list of {num_heads} numbers"
-    if not all(_is_number(h) and 0.0 <= h <= 0.25 for h in value):
+def check_gradient_metrics(metrics: Mapping[str, Any], num_heads: int) -> str | None:
+    """A gradient reply's extras: each head's mean curvature σ(1-σ), K numbers in [0, 1/4]; and
+    the loss split K ways, K numbers >= 0 that add up to its train-loss."""
+    curvature, losses = metrics.get(p.CURVATURE), metrics.get(p.LOSSES)
+    for key, value in ((p.CURVATURE, curvature), (p.LOSSES, losses)):
+        if not isinstance(value, list) or len(value) != num_heads \
+                or not all(_is_number(v) for v in value):
+            return f"{key} is {value!r:.60}, not a list of {num_heads} finite numbers"
+    if not all(0.0 <= h <= 0.25 for h in curvature):
         return f"{p.CURVATURE} has entries outside [0, 0.25] (a mean of σ(1-σ))"
+    if min(losses) < 0 or not math.isclose(sum(losses), metrics[p.TRAIN_LOSS], rel_tol=1e-6,
+                                           abs_tol=1e-9):
+        return (f"{p.LOSSES} (sum {sum(losses):.6g}) are not {num_heads} numbers >= 0 adding up to "
+                f"{p.TRAIN_LOSS}={metrics[p.TRAIN_LOSS]:.6g}")
     return None
 
 

@@ -21,7 +21,7 @@ from flwr.compat.common import recorddict_compat as compat
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.devices import one_cpu_thread, resolve_device
 from ovalp_flwr.core.head_init.statistics import KINDS, ClassStatistics
-from ovalp_flwr.core.heads import accuracy, full_batch_gradient
+from ovalp_flwr.core.heads import FullBatchGradient, accuracy, full_batch_gradient
 from ovalp_flwr.core.model import FeatureModel, model_from_numpy, model_to_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
 from ovalp_flwr.core.training import shuffle_generator, train_local
@@ -123,8 +123,8 @@ def _statistics_fitres(msg: Message, context: Context) -> Message:
     if request.get(p.GRADIENT):
         features, labels = _device_rows(config, context, digest)
         weight, bias = parameters_to_ndarrays(fitins.parameters)
-        vector = (full_batch_gradient(weight, bias, features, labels, config.head).to_vector()
-                  if len(labels) else np.zeros(weight.size + 2 * len(bias) + 1))
+        vector = (full_batch_gradient(weight, bias, features, labels, config.head) if len(labels)
+                  else FullBatchGradient.empty(*weight.shape)).to_vector()
         what, examples = "gradient entry", len(labels)
     else:
         stats = client_statistics(config, context, request, digest)
@@ -176,17 +176,13 @@ def _gradient_reply(msg: Message, config: RunConfig, features: torch.Tensor,
     weights them by sample count: their mean is the centralised gradient, exactly)."""
     started = time.perf_counter()
     arrays = p.from_record(msg.content[p.ARRAYS])
-    if len(labels):
-        result = full_batch_gradient(arrays["weight"], arrays["bias"], features, labels,
-                                     config.head)
-        gradient, loss, curvature = ({"weight": result.weight, "bias": result.bias}, result.loss,
-                                     [float(h) for h in result.curvature])
-    else:  # no rows: no weight in the mean
-        gradient = {key: np.zeros_like(arrays[key]) for key in ("weight", "bias")}
-        loss, curvature = 0.0, [0.0] * len(arrays["bias"])
-    metrics = MetricRecord({p.NUM_EXAMPLES: len(labels), p.TRAIN_LOSS: loss,
+    result = (full_batch_gradient(arrays["weight"], arrays["bias"], features, labels, config.head)
+              if len(labels) else FullBatchGradient.empty(*arrays["weight"].shape))
+    metrics = MetricRecord({p.NUM_EXAMPLES: len(labels), p.TRAIN_LOSS: result.loss,
                             p.TRAIN_SECONDS: time.perf_counter() - started, p.LOCAL_STEPS: 0,
-                            p.CURVATURE: curvature})
+                            p.CURVATURE: [float(h) for h in result.curvature],
+                            p.LOSSES: [float(loss) for loss in result.losses]})
+    gradient = {"weight": result.weight, "bias": result.bias}
     return Message(content=RecordDict({p.ARRAYS: p.to_record(gradient), p.METRICS: metrics}),
                    reply_to=msg)
 
