@@ -51,7 +51,8 @@ PRESET = ROOT / "conf" / "server-optimizer.toml"
 OUT = ROOT / "reports" / "server-optimizer"
 BASELINES = ROOT / "reports" / "closed-form-starts" / "runs.csv"
 ROUNDS = (1, 3, 5, 10)
-FORMATS = {"gap": "{:.1e}", "to": "{:.1f}", "MB": "{:.1f}", "shortened": "{:.1f}"}
+FORMATS = {"gap": "{:.1e}", "to": "{:.1f}", "MB": "{:.1f}", "shortened": "{:.1f}",
+           "heads": "{:.1f}"}
 BARS = (0.99, 0.995)
 
 
@@ -81,7 +82,8 @@ def run_row(summary: dict[str, Any], ceiling: float, optimum: float, final_f: fl
            **{f"round {t}": 100 * accuracy[t] for t in ROUNDS if t < len(accuracy)},
            **{f"gap {t}": gap[t - 1] for t in (*ROUNDS, len(rounds)) if t <= len(gap)},
            "gap final": gap[-1], "gaps": gap,
-           "shortened": sum(r["server_step"] == "shortened" for r in rounds)}
+           "shortened": sum(r["server_step"] == "shortened" for r in rounds),
+           "heads shortened": sum(r.get("steps_shortened", 0) for r in rounds)}
     for bar in BARS:
         reached = next((t for t, a in enumerate(accuracy) if a >= bar * ceiling), None)
         row[f"to {bar:g}"] = reached
@@ -149,7 +151,8 @@ def write(cells, curves, ceilings, optima, base, preset) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     header = ["dataset", "partition", "seeds", "start", *(f"round {t}" for t in ROUNDS), "final",
               *(f"to {b:g}" for b in BARS), *(f"MB to {b:g}" for b in BARS),
-              *(f"gap {t}" for t in (5, 10)), "gap final", "shortened"]
+              *(f"gap {t}" for t in (5, 10)), "gap final", "shortened",
+              "heads shortened"]
     table = io.StringIO()
     writer = csv.writer(table)
     writer.writerow(header)
