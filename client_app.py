@@ -8,6 +8,7 @@ from flwr.clientapp import ClientApp
 
 from ovalp_flwr.core.memory import return_large_frees
 from ovalp_flwr.federation import simulation_queue
+from ovalp_flwr.federation.attacks import attack_mod
 from ovalp_flwr.federation.chaos import chaos_mod
 from ovalp_flwr.finetune import client as encoder_path
 from ovalp_flwr.ova import client as feature_path
@@ -36,8 +37,9 @@ simulation_queue.install()
 return_large_frees()
 # one_thread_mod: the cached path's tiny head math on one CPU thread, per message
 app = ClientApp(mods=[feature_path.one_thread_mod])
-# chaos_mod: only on nodes whose --node-config names a `chaos` kind (fault rehearsals)
-app.train(mods=[chaos_mod, feature_path.secure_statistics_mod])(handler("train"))
+# chaos_mod: only on nodes whose --node-config names a `chaos` kind (fault rehearsals);
+# attack_mod: only on the clients the run's `attack` rehearsal picks (hostile, well-formed)
+app.train(mods=[chaos_mod, attack_mod, feature_path.secure_statistics_mod])(handler("train"))
 app.evaluate()(handler("evaluate"))
 app.query("describe")(handler("describe"))
 app.query("set_norm")(handler("set_norm"))

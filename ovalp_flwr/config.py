@@ -43,6 +43,8 @@ STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.federation
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
 FINETUNES = ("none", "lp", "fedavg-lora", "flora", "full")  # ovalp_flwr.finetune
 PFT_GLOBALS = ("server", "clients")  # who scores Global: ovalp_flwr.personalize.phase
+ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean", "multi-krum", "norm-clip")  # federation.robust
+ATTACKS = ("none", "scale-10", "scale-100", "sign-flip", "label-flip")  # federation.attacks
 PFT_PREFIX = "pft."  # pft.<method>.<hyperparameter>: a personalization method's own knobs
 # the knobs every method shares (personalize.hyperparameters.FineTuning) and their run-config keys
 SHARED_PFT = {"epochs": "pft-epochs", "learning-rate": "pft-learning-rate",
@@ -218,6 +220,15 @@ class RunConfig:
     aggregation_weights: str = _key(
         "samples", "rounds", "`samples`: FedAvg's weights, by sample count; `uniform`: each "
         "client with data counts once.", AGGREGATION_WEIGHTS)
+    robust_aggregation: str = _key(
+        "none", "rounds", "How the server combines the heads' updates: `none`, FedAvg's mean; "
+        "`median` or `trimmed-mean` (per coordinate, Flower's), `multi-krum` (the mean of the "
+        "clients closest to their neighbours) or `norm-clip` (each update clipped to the "
+        "round's median norm): a hostile client's pull is bounded "
+        "([Robustness](robustness.md)).", ROBUST_AGGREGATIONS)
+    robust_fraction: float = _key(
+        0.1, "rounds", "The share of clients `robust-aggregation` assumes hostile: Multi-Krum "
+        "leaves ⌈fraction · n⌉ out, the trimmed mean cuts that share at each end.")
     drift_correction: str = _key(
         "scaffold", "rounds", "`scaffold`: SCAFFOLD's control variates, kept where "
         '`scaffold-variates` says (needs `local-optimizer = "sgd"`); `none`: the recipe.',
@@ -264,6 +275,14 @@ class RunConfig:
     exclude_after_rejections: int = _key(
         0, "reliability", "A node whose train replies were rejected this many times is no "
         "longer sampled (`0`: never).")
+    attack: str = _key(
+        "none", "reliability", "Attack rehearsal: `attack-fraction` of the clients (chosen by "
+        "`seed`) send hostile updates that pass every check, `scale-10` or `scale-100` (their "
+        "update times that), `sign-flip` (minus it) or `label-flip` (trained on labels moved "
+        "one class on, the cached-feature path) ([Robustness](robustness.md)).", ATTACKS)
+    attack_fraction: float = _key(
+        0.1, "reliability", "The share of clients that attack (at least one when `attack` is "
+        "set).")
     checkpoint_every: int = _key(
         1, "reliability", "A checkpoint in `results/<run-name>/` after every this many rounds "
         "(`0`: none). The cached-feature path only: the encoder path (`finetune`) writes none "
@@ -415,6 +434,7 @@ class RunConfig:
                               'drift-correction="scaffold"; leave it "server"')
         _one_of("epoch-size", self.epoch_size, EPOCH_SIZES)
         _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
+        self._check_robustness()
         _one_of("head-init", self.head_init, HEAD_INITS)
         _one_of("statistics-aggregation", self.statistics_aggregation, STATISTICS_AGGREGATIONS)
         _one_of("pft-global", self.pft_global, PFT_GLOBALS)
@@ -477,6 +497,24 @@ class RunConfig:
         for key, (value, allowed, why) in needs.items():
             if value != allowed:
                 raise ConfigError(key, value, f'with server-optimizer="lbfgs" use {why}')
+
+    def _check_robustness(self) -> None:
+        """A defence's and an attack rehearsal's keys, and where they do not apply."""
+        _one_of("robust-aggregation", self.robust_aggregation, ROBUST_AGGREGATIONS)
+        _one_of("attack", self.attack, ATTACKS)
+        if not 0 <= self.robust_fraction < 0.5:
+            raise ConfigError("robust-fraction", self.robust_fraction, "use a share in [0, 0.5)")
+        if not 0 < self.attack_fraction <= 1:
+            raise ConfigError("attack-fraction", self.attack_fraction, "use a share in (0, 1]")
+        if self.robust_aggregation != "none" and self.server_steps:
+            raise ConfigError("robust-aggregation", self.robust_aggregation, 'server-optimizer='
+                              '"lbfgs" needs the exact sum of every gradient; use "none"')
+        if self.robust_aggregation != "none" and self.finetune == "flora":
+            raise ConfigError("robust-aggregation", self.robust_aggregation, "FLoRA stacks the "
+                              "clients' LoRA factors instead of averaging them; use \"none\"")
+        if self.attack == "label-flip" and self.finetune != "none":
+            raise ConfigError("attack", self.attack, "label-flip rehearses on the cached-feature "
+                              'path; with finetune use "scale-10", "scale-100" or "sign-flip"')
 
     def _check_finetune(self) -> None:
         """The encoder path's method and its limits: no closed-form start (no cached

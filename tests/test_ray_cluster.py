@@ -5,7 +5,6 @@ import sys
 import pytest
 
 from ovalp_flwr.ops import ray_cluster
-from ovalp_flwr.ops.launch import free_ports
 from ovalp_flwr.ops.ray_cluster import START_ATTEMPTS, NodeExited, local_cluster, node_command
 
 
@@ -27,10 +26,6 @@ def test_head_and_raylet_commands_block_and_take_ports_of_their_own(tmp_path):
     # picked port inside it makes `ray start` exit
     for command in (head, raylet):
         assert flags(command)["--min-worker-port"] == flags(command)["--max-worker-port"] == "0"
-
-
-def test_free_ports_are_distinct():
-    assert len(set(free_ports(64))) == 64
 
 
 def fake_node(up_file, exits: bool) -> list[str]:

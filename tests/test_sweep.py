@@ -63,6 +63,10 @@ def test_every_shipped_preset_loads_and_validates_every_run():
             # the server optimiser's study (issue 31): three seeds, 20 rounds
             assert preset.seeds == PAPER_SEEDS[:3] and preset.num_supernodes == 100
             assert preset.config["num-server-rounds"] == 20
+        elif any(s.run_config.get("attack", "none") != "none" for s in preset.runs()):
+            # the robustness grid (issue 32): one seed, 100 clients, the default's rounds
+            assert preset.seeds == PAPER_SEEDS[:1] and preset.num_supernodes == 100
+            assert "num-server-rounds" not in preset.config
         else:  # the OvA-LP paper's
             assert preset.seeds == PAPER_SEEDS and preset.num_supernodes == 100
             assert preset.config["num-server-rounds"] == 50

@@ -19,6 +19,7 @@ from ovalp_flwr.federation.scaffold import ControlVariates
 from ovalp_flwr.federation.server_lbfgs import StagedLBFGS
 from ovalp_flwr.federation.setup import num_partitions
 from ovalp_flwr.federation.strategy import ReplyCheck, Staged, StagedFedAdam, StagedFedAvg
+from ovalp_flwr.federation.robust import RobustAggregation
 from ovalp_flwr.federation.validation import check_gradient_metrics, check_train_reply
 from ovalp_flwr.ops.console import say
 
@@ -82,6 +83,8 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         fraction_evaluate=config.fraction_evaluate,
         aggregation_weights=config.aggregation_weights,
         exclude_after=config.exclude_after_rejections,
+        robust=(RobustAggregation(config.robust_aggregation, config.robust_fraction)
+                if config.robust_aggregation != "none" else None),
         control_variates=(ControlVariates(config.learning_rate,
                                           held_by_clients=config.scaffold_variates == "clients")
                           if config.drift_correction == "scaffold" and not config.server_steps

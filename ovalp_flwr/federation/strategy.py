@@ -36,6 +36,7 @@ from ovalp_flwr.federation.checkpoint import pack, unpack
 from ovalp_flwr.federation.protocol import (ACCURACY, ARRAYS, CORRECTION, METRICS, NUM_EXAMPLES,
                                             SHARED_VARIATE, STAGE, TRAIN_LOSS, TRAIN_SECONDS,
                                             VARIATE_ROUND, describe_failures, to_record)
+from ovalp_flwr.federation.robust import RobustAggregation
 from ovalp_flwr.federation.replies import (TrainReply, UndecodableReply, decode_reply,
                                            weighted_mean, weighted_metrics)
 from ovalp_flwr.federation.scaffold import ControlVariates, Correction, HeldVariate
@@ -86,6 +87,7 @@ class Staged:
         check_reply: ReplyCheck | None = None,
         exclude_after: int = 0,
         left_out: Iterable[int] = (),
+        robust: RobustAggregation | None = None,
         **strategy_options,
     ) -> None:
         """admit(grid, new_node_ids) -> node ids in sampling order: how nodes that connect
@@ -95,8 +97,9 @@ class Staged:
         once). check_reply(node, arrays, metrics, global_arrays) -> why a train reply is refused,
         or None (`validation`); exclude_after: a node whose replies were refused that many times
         is no longer sampled (0: never); left_out: nodes connected at the start but refused by
-        the set-up (not to be admitted later as new ones). strategy_options go to the Flower
-        strategy (e.g. FedAdam's eta)."""
+        the set-up (not to be admitted later as new ones). robust: the round's combination of
+        the replies in place of their mean (`robust`), None for FedAvg's mean.
+        strategy_options go to the Flower strategy (e.g. FedAdam's eta)."""
         if aggregation_weights not in ("samples", "uniform"):
             raise ValueError(f"aggregation-weights={aggregation_weights!r} is not allowed; "
                              "choose samples or uniform")
@@ -115,6 +118,7 @@ class Staged:
         self.admit = admit
         self.aggregation_weights = aggregation_weights
         self.variates = control_variates
+        self.robust = robust
         self.check_reply = check_reply
         self.exclude_after = exclude_after
         self.rejected: dict[int, int] = {}  # node -> replies refused so far
@@ -319,10 +323,13 @@ class Staged:
                 self._refuse(server_round, node, reason, rejections)
             with_data = [r for r in with_data if r.node not in refused]
         trained, mean = self._finite_mean(with_data, server_round, rejections)
+        admitted = trained
+        if self.robust is not None and trained:
+            mean, admitted = self.robust(trained, self._global)
         rejections.sort(key=lambda refused: rank(refused["node"]))  # the replies' order
         arrays, metrics = self._combine(server_round, trained, mean) if trained else (None, None)
-        if self.variates is not None and trained:
-            self.variates.update(self._global, trained, server_round)
+        if self.variates is not None and admitted:
+            self.variates.update(self._global, admitted, server_round)
         record = self.rounds.setdefault(server_round, {})
         record.update(_reply_costs(ok, trained, len(replies) - len(ok)))
         record["clients_timed_out"] = record.get("clients_sampled", len(replies)) - len(replies)

@@ -48,7 +48,6 @@ from ovalp_flwr.ops.launch import (
     flower_env,
     flwr_args_after_dashes,
     flwr_cli,
-    free_port,
     preflight,
     report_result,
     sigterm_unwinds,
@@ -57,6 +56,7 @@ from ovalp_flwr.ops.launch import (
     stream_flwr_run,
     write_connection,
 )
+from ovalp_flwr.ops.ports import free_port
 
 CONNECTION = "ovalp-deploy"
 ISOLATIONS = ("process", "subprocess")

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ovalp_flwr.ops.console import RunConsole, new_log_path, relative
+from ovalp_flwr.ops.ports import free_port
 from ovalp_flwr.federation.results import read_summary
 from ovalp_flwr.federation.single_run import iid_twin, summary_lines
 from ovalp_flwr.ops.timings import LineClock, write_clock
@@ -35,19 +36,6 @@ PROJECT = Path(__file__).resolve().parents[2]
 CONNECTION = "ovalp-local"
 FINAL_LINE = "final accuracy "  # the ServerApp's closing log line starts like this
 RESULTS_IN = "; results in "  # ... and ends with its results folder
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` free loopback ports, all bound at once so that none repeats."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
 
 
 def flower_env(flwr_home: Path, ray_address: str | None = None) -> dict[str, str]:

@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ovalp_flwr.ops.launch import _bin, free_port, free_ports, stop_groups
+from ovalp_flwr.ops.launch import _bin, stop_groups
+from ovalp_flwr.ops.ports import free_port, free_ports
 
 ACTOR_CLASS = "ClientAppActor"  # Flower's Ray actor that runs the ClientApp
 OBJECT_STORE_BYTES = 300 * 2**20  # per raylet: the heads' messages are kilobytes

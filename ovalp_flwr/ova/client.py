@@ -22,6 +22,7 @@ from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.devices import one_cpu_thread, resolve_device
 from ovalp_flwr.core.head_init.statistics import KINDS, ClassStatistics
 from ovalp_flwr.core.heads import FullBatchGradient, accuracy, full_batch_gradient
+from ovalp_flwr.federation.attacks import attack_of, flipped
 from ovalp_flwr.core.model import FeatureModel, model_from_numpy, model_to_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
 from ovalp_flwr.core.training import shuffle_generator, train_local
@@ -144,6 +145,8 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(round_config["server-round"])
     partition_id, _ = node_partition(context)
     features, labels = _device_rows(config, context, str(round_config.get(p.NORM_DIGEST, "")))
+    if attack_of(context) == "label-flip":  # an attack rehearsal (`federation.attacks`)
+        labels = flipped(labels, _num_heads(msg))
     if round_config.get(p.GRADIENT):
         return _gradient_reply(msg, config, features, labels)
     offset = drift_offset(msg, context)
@@ -167,6 +170,11 @@ def train(msg: Message, context: Context) -> Message:
     if variate is not None:
         content[p.VARIATE] = variate
     return Message(content=content, reply_to=msg)
+
+
+def _num_heads(msg: Message) -> int:
+    """K, from the heads the server sent (their bias)."""
+    return len(msg.content[p.ARRAYS]["bias"].numpy())
 
 
 def _gradient_reply(msg: Message, config: RunConfig, features: torch.Tensor,

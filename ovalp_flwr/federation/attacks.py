@@ -1,0 +1,76 @@
+"""Attack rehearsal: clients that lie within the rules.
+
+Reply validation (`validation`) refuses what is malformed. An attacker here sends what passes
+every check, finite, of the right shapes and counts, and is hostile all the same:
+
+- `scale-10`, `scale-100`: its update (its model minus the global one sent) times 10 or 100;
+- `sign-flip`: minus its update;
+- `label-flip`: it trains honestly on its own features with every label moved one class on
+  (a fixed permutation of the classes).
+
+Which clients attack is the run's choice (`attack`, `attack-fraction`), seeded by `seed`: the
+same set on every runner. The update attacks are a ClientApp mod on train replies (`attack_mod`:
+any path, SCAFFOLD's variate left honest); label-flip changes the rows the client trains on
+(`ova.client`). Under `server-optimizer = "lbfgs"` a reply is a gradient: it is scaled itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Context, Message, RecordDict
+
+from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.node import node_partition
+
+FACTORS = {"scale-10": 10.0, "scale-100": 100.0, "sign-flip": -1.0}  # update attacks
+ATTACKER_STREAM = 7919  # the seed's stream that picks the attackers, apart from the partition's
+
+
+def attackers(seed: int, num_partitions: int, fraction: float) -> frozenset[int]:
+    """The partitions that attack: round(fraction · n) of them, at least one, drawn by seed."""
+    count = min(num_partitions, max(1, round(fraction * num_partitions)))
+    chosen = np.random.default_rng([seed, ATTACKER_STREAM]).choice(num_partitions, count,
+                                                                   replace=False)
+    return frozenset(int(i) for i in chosen)
+
+
+def attack_of(context: Context) -> str | None:
+    """The attack this node rehearses, or None for an honest one."""
+    kind = str(context.run_config.get("attack", "none"))
+    if kind == "none":
+        return None
+    partition_id, num_partitions = node_partition(context)
+    chosen = attackers(int(context.run_config.get("seed", 0)), num_partitions,
+                       float(context.run_config.get("attack-fraction", 0.1)))
+    return kind if partition_id in chosen else None
+
+
+def flipped(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """label-flip's labels: each moved one class on."""
+    return (labels + 1) % num_classes
+
+
+def poisoned(arrays: dict[str, np.ndarray], sent: dict[str, np.ndarray], factor: float,
+             gradient: bool) -> dict[str, np.ndarray]:
+    """The reply's arrays with the update (or, for a gradient reply, the gradient) scaled."""
+    if gradient:
+        return {key: (factor * value).astype(value.dtype) for key, value in arrays.items()}
+    return {key: (sent[key] + factor * (value - sent[key])).astype(value.dtype)
+            for key, value in arrays.items()}
+
+
+def attack_mod(msg: Message, context: Context, call_next) -> Message:
+    """An update attacker's train replies, poisoned; every other reply as it was."""
+    reply = call_next(msg, context)
+    kind = attack_of(context)
+    if kind not in FACTORS or reply.has_error() or p.ARRAYS not in reply.content.array_records \
+            or p.ARRAYS not in msg.content.array_records:
+        return reply  # honest, label-flip, or SecAgg+'s statistics exchanges
+    gradient = bool(msg.content[p.CONFIG].get(p.GRADIENT)) if p.CONFIG in \
+        msg.content.config_records else False
+    arrays = poisoned(p.from_record(reply.content[p.ARRAYS]), p.from_record(msg.content[p.ARRAYS]),
+                      FACTORS[kind], gradient)
+    content = RecordDict(dict(reply.content.items()))
+    content[p.ARRAYS] = p.to_record(arrays)
+    return Message(content=content, reply_to=msg)

@@ -1,0 +1,61 @@
+"""Attack rehearsal (`federation.attacks`): the attackers are the seed's choice, the poisoned
+updates are what they claim, and on a small federation each defence beats a scaled update that
+FedAvg's mean does not survive (`federation.robust`)."""
+
+import numpy as np
+import pytest
+
+from ovalp_flwr.federation.attacks import attackers, poisoned
+from ovalp_flwr.federation.local_grid import run_local
+from ovalp_flwr.federation.results import read_summary
+
+
+def test_the_attackers_are_a_seeded_share_of_the_partitions():
+    chosen = attackers(0, 100, 0.1)
+    assert len(chosen) == 10 and chosen == attackers(0, 100, 0.1)
+    assert chosen != attackers(1, 100, 0.1)
+    assert len(attackers(0, 100, 0.01)) == 1 and len(attackers(0, 10, 0.01)) == 1  # at least one
+    assert attackers(3, 7, 1.0) == frozenset(range(7))
+
+
+def test_an_update_attack_scales_the_update_and_a_gradient_reply_itself():
+    sent = {"weight": np.ones((2, 2), np.float32)}
+    trained = {"weight": np.full((2, 2), 1.5, np.float32)}
+    assert np.allclose(poisoned(trained, sent, 10.0, gradient=False)["weight"], 6.0)
+    assert np.allclose(poisoned(trained, sent, -1.0, gradient=False)["weight"], 0.5)
+    assert np.allclose(poisoned(trained, sent, 100.0, gradient=True)["weight"], 150.0)
+    assert poisoned(trained, sent, 10.0, gradient=False)["weight"].dtype == np.float32
+
+
+def final_accuracy(cache_dir, tmp_path, name, **overrides):
+    options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir), "head-init": "random",
+               "results-dir": str(tmp_path / "results"), "num-server-rounds": 4,
+               "partition": "iid", "run-name": name, **overrides}
+    return read_summary(run_local(options, 10))["rounds"][-1]["accuracy"]
+
+
+@pytest.fixture(scope="module")
+def baselines(cache_dir, tmp_path_factory):
+    """The clean run's accuracy, and FedAvg's under one client of ten scaling its update x100."""
+    tmp = tmp_path_factory.mktemp("attacks")
+    return (final_accuracy(cache_dir, tmp, "clean"),
+            final_accuracy(cache_dir, tmp, "undefended", attack="scale-100", **{"attack-fraction": 0.1}))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("defence", ["median", "trimmed-mean", "multi-krum", "norm-clip"])
+def test_each_defence_beats_a_scaled_update_that_the_mean_does_not_survive(
+        cache_dir, tmp_path, baselines, defence):
+    """SCAFFOLD on (the default): the variates learn only from admitted updates."""
+    clean, undefended = baselines
+    assert undefended < clean - 0.2  # without a defence the attack wins
+    defended = final_accuracy(cache_dir, tmp_path, defence, attack="scale-100",
+                              **{"attack-fraction": 0.1, "robust-aggregation": defence})
+    assert defended > clean - 0.03, (defence, clean, defended)
+
+
+def test_label_flip_trains_on_labels_moved_one_class_on(cache_dir, tmp_path):
+    """Every client flipping: the federation learns the shifted labels, so it scores near 0."""
+    flipped = final_accuracy(cache_dir, tmp_path, "all-flip", attack="label-flip",
+                             **{"attack-fraction": 1.0})
+    assert flipped < 0.1
