@@ -15,11 +15,11 @@ from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.core.quasi_newton import GramPreconditioner, ServerLBFGS
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.node import local_schedule
+from ovalp_flwr.federation.robust import RobustAggregation
 from ovalp_flwr.federation.scaffold import ControlVariates
 from ovalp_flwr.federation.server_lbfgs import StagedLBFGS
 from ovalp_flwr.federation.setup import num_partitions
 from ovalp_flwr.federation.strategy import ReplyCheck, Staged, StagedFedAdam, StagedFedAvg
-from ovalp_flwr.federation.robust import RobustAggregation
 from ovalp_flwr.federation.validation import check_gradient_metrics, check_train_reply
 from ovalp_flwr.ops.console import say
 

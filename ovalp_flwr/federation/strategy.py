@@ -36,9 +36,9 @@ from ovalp_flwr.federation.checkpoint import pack, unpack
 from ovalp_flwr.federation.protocol import (ACCURACY, ARRAYS, CORRECTION, METRICS, NUM_EXAMPLES,
                                             SHARED_VARIATE, STAGE, TRAIN_LOSS, TRAIN_SECONDS,
                                             VARIATE_ROUND, describe_failures, to_record)
-from ovalp_flwr.federation.robust import RobustAggregation
 from ovalp_flwr.federation.replies import (TrainReply, UndecodableReply, decode_reply,
                                            weighted_mean, weighted_metrics)
+from ovalp_flwr.federation.robust import RobustAggregation
 from ovalp_flwr.federation.scaffold import ControlVariates, Correction, HeldVariate
 from ovalp_flwr.federation.validation import check_finite
 from ovalp_flwr.ops.console import say

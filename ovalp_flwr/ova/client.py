@@ -22,11 +22,11 @@ from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.devices import one_cpu_thread, resolve_device
 from ovalp_flwr.core.head_init.statistics import KINDS, ClassStatistics
 from ovalp_flwr.core.heads import FullBatchGradient, accuracy, full_batch_gradient
-from ovalp_flwr.federation.attacks import attack_of, flipped
 from ovalp_flwr.core.model import FeatureModel, model_from_numpy, model_to_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
 from ovalp_flwr.core.training import shuffle_generator, train_local
 from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.attacks import attack_of, flipped
 from ovalp_flwr.federation.node import (NodeRows, feature_source, local_schedule, node_partition,
                                         node_rows, node_test_rows, noise_spec, partition_spec,
                                         run_config)
