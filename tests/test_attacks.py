@@ -11,11 +11,23 @@ from ovalp_flwr.federation.results import read_summary
 
 
 def test_the_attackers_are_a_seeded_share_of_the_partitions():
-    chosen = attackers(0, 100, 0.1)
-    assert len(chosen) == 10 and chosen == attackers(0, 100, 0.1)
-    assert chosen != attackers(1, 100, 0.1)
-    assert len(attackers(0, 100, 0.01)) == 1 and len(attackers(0, 10, 0.01)) == 1  # at least one
-    assert attackers(3, 7, 1.0) == frozenset(range(7))
+    chosen = attackers(0, [5] * 100, 0.1)
+    assert len(chosen) == 10 and chosen == attackers(0, [5] * 100, 0.1)
+    assert chosen != attackers(1, [5] * 100, 0.1)
+    assert len(attackers(0, [5] * 100, 0.01)) == 1 and len(attackers(0, [5] * 10, 0.01)) == 1
+    assert attackers(3, [1] * 7, 1.0) == frozenset(range(7))
+
+
+def test_the_attackers_hold_data():
+    """Under heavy label skew most clients hold no rows: the share is of those that do."""
+    sizes = [0] * 100
+    for holder in (3, 17, 40, 41, 42, 60, 61, 62, 80, 99, 12):
+        sizes[holder] = 500
+    for seed in range(20):
+        chosen = attackers(seed, sizes, 0.1)
+        assert len(chosen) == 1 and all(sizes[i] > 0 for i in chosen)
+    assert len(attackers(0, sizes, 0.2)) == 2
+    assert attackers(0, [0] * 10, 0.5) == frozenset()
 
 
 def test_an_update_attack_scales_the_update_and_a_gradient_reply_itself():

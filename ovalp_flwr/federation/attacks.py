@@ -9,30 +9,46 @@ every check, finite, of the right shapes and counts, and is hostile all the same
   (a fixed permutation of the classes).
 
 Which clients attack is the run's choice (`attack`, `attack-fraction`), seeded by `seed`: the
-same set on every runner. The update attacks are a ClientApp mod on train replies (`attack_mod`:
+same set on every runner, drawn among the clients that hold data (under heavy label skew most
+hold none, and an attacker without rows sends nothing into the mean). On the fine-tuning path,
+whose clients never load the cached labels, the draw is among all partitions. The update attacks are a ClientApp mod on train replies (`attack_mod`:
 any path, SCAFFOLD's variate left honest); label-flip changes the rows the client trains on
 (`ova.client`). Under `server-optimizer = "lbfgs"` a reply is a gradient: it is scaled itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 
 from ovalp_flwr.federation import protocol as p
-from ovalp_flwr.federation.node import node_partition
+from ovalp_flwr.federation.node import all_partitions, node_partition, run_config
 
 FACTORS = {"scale-10": 10.0, "scale-100": 100.0, "sign-flip": -1.0}  # update attacks
 ATTACKER_STREAM = 7919  # the seed's stream that picks the attackers, apart from the partition's
 
 
-def attackers(seed: int, num_partitions: int, fraction: float) -> frozenset[int]:
-    """The partitions that attack: round(fraction · n) of them, at least one, drawn by seed."""
-    count = min(num_partitions, max(1, round(fraction * num_partitions)))
-    chosen = np.random.default_rng([seed, ATTACKER_STREAM]).choice(num_partitions, count,
-                                                                   replace=False)
+def attackers(seed: int, sizes: Sequence[int], fraction: float) -> frozenset[int]:
+    """The partitions that attack: round(fraction · h) of the h that hold rows (`sizes`: each
+    partition's row count), at least one, drawn by seed."""
+    holders = np.flatnonzero(np.asarray(sizes) > 0)
+    if holders.size == 0:
+        return frozenset()
+    count = min(holders.size, max(1, round(fraction * holders.size)))
+    chosen = np.random.default_rng([seed, ATTACKER_STREAM]).choice(holders, count, replace=False)
     return frozenset(int(i) for i in chosen)
+
+
+def partition_sizes(context: Context, num_partitions: int) -> list[int]:
+    """Every partition's row count on the cached path; on the fine-tuning path, whose clients
+    never load the cached labels, every partition counts as holding rows."""
+    config = run_config(context)
+    if config.finetune != "none":
+        return [1] * num_partitions
+    return [len(rows) for rows in all_partitions(config, num_partitions)]
 
 
 def attack_of(context: Context) -> str | None:
@@ -41,7 +57,8 @@ def attack_of(context: Context) -> str | None:
     if kind == "none":
         return None
     partition_id, num_partitions = node_partition(context)
-    chosen = attackers(int(context.run_config.get("seed", 0)), num_partitions,
+    chosen = attackers(int(context.run_config.get("seed", 0)),
+                       partition_sizes(context, num_partitions),
                        float(context.run_config.get("attack-fraction", 0.1)))
     return kind if partition_id in chosen else None
 
