@@ -229,6 +229,14 @@ class RunConfig:
     robust_fraction: float = _key(
         0.1, "rounds", "The share of clients `robust-aggregation` assumes hostile: Multi-Krum "
         "leaves ⌈fraction · n⌉ out, the trimmed mean cuts that share at each end.")
+    dp_rounds_epsilon: float = _key(
+        0.0, "rounds", "Client-level differential privacy for the heads' rounds: the ε the whole "
+        "run spends at `dp-delta` (`0`: off). Each update is clipped to `dp-clip`, the clipped "
+        "updates are averaged over the clients sampled, and Gaussian noise calibrated to this ε "
+        "is added (Flower's server-side fixed clipping). Needs `drift-correction = \"none\"` "
+        "and a `feature-norm` that reads no client data ([Robustness](robustness.md)).")
+    dp_clip: float = _key(
+        0.05, "rounds", "With `dp-rounds-epsilon`: the norm each client's update is clipped to.")
     drift_correction: str = _key(
         "scaffold", "rounds", "`scaffold`: SCAFFOLD's control variates, kept where "
         '`scaffold-variates` says (needs `local-optimizer = "sgd"`); `none`: the recipe.',
@@ -259,6 +267,18 @@ class RunConfig:
     ridge_lambda: float = _key(
         0.2, "start", "The ridge start's L2 penalty per training sample (the system is "
         "X̃ᵀX̃ + nλI); Fed3R's published λ = 0.01 is 0.01 / n.")
+    dp_statistics_epsilon: float = _key(
+        0.0, "start", "Example-level differential privacy for the start's statistics: the ε "
+        "they spend at `dp-delta` (`0`: off). Each client clips every feature vector to "
+        "`dp-feature-clip`; the server adds Gaussian noise calibrated to this ε to the summed "
+        "counts, class sums, square norms and Gram matrix. Needs a `feature-norm` that reads no "
+        "client data ([Robustness](robustness.md)).")
+    dp_feature_clip: float = _key(
+        1.0, "start", "With `dp-statistics-epsilon`: the norm every feature vector is clipped "
+        "to (`feature-norm = \"l2\"` makes it 1).")
+    dp_delta: float = _key(
+        1e-5, "start", "The δ at which `dp-statistics-epsilon` and `dp-rounds-epsilon` are "
+        "spent, in (0, 1).")
     statistics_aggregation: str = _key(
         "plain", "start", "How the server sums the clients' statistics: `plain`, as they come, "
         "or `secagg+`, under Flower's SecAgg+, which shows it only their sum.",
@@ -435,6 +455,7 @@ class RunConfig:
         _one_of("epoch-size", self.epoch_size, EPOCH_SIZES)
         _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         self._check_robustness()
+        self._check_privacy()
         _one_of("head-init", self.head_init, HEAD_INITS)
         _one_of("statistics-aggregation", self.statistics_aggregation, STATISTICS_AGGREGATIONS)
         _one_of("pft-global", self.pft_global, PFT_GLOBALS)
@@ -515,6 +536,37 @@ class RunConfig:
         if self.attack == "label-flip" and self.finetune != "none":
             raise ConfigError("attack", self.attack, "label-flip rehearses on the cached-feature "
                               'path; with finetune use "scale-10", "scale-100" or "sign-flip"')
+
+    def _check_privacy(self) -> None:
+        """DP's keys, and what a private run cannot use: anything that shows the server (or the
+        model) client data the noise does not cover."""
+        for key in ("dp-statistics-epsilon", "dp-rounds-epsilon"):
+            if getattr(self, key.replace("-", "_")) < 0:
+                raise ConfigError(key, getattr(self, key.replace("-", "_")), "use an ε > 0, or 0 "
+                                  "for no differential privacy")
+        _positive("dp-clip", self.dp_clip)
+        _positive("dp-feature-clip", self.dp_feature_clip)
+        if not 0 < self.dp_delta < 1:
+            raise ConfigError("dp-delta", self.dp_delta, "use a δ in (0, 1)")
+        private = [key for key in ("dp-statistics-epsilon", "dp-rounds-epsilon")
+                   if getattr(self, key.replace("-", "_")) > 0]
+        if not private:
+            return
+        if self.finetune != "none":
+            raise ConfigError(private[0], getattr(self, private[0].replace("-", "_")),
+                              'differential privacy runs on the cached-feature path (finetune="none")')
+        if self.feature_norm not in ("none", "l2"):
+            raise ConfigError("feature-norm", self.feature_norm, f"with {private[0]} use \"l2\" or "
+                              '"none": the others normalise by the clients\' summed moments, '
+                              "which no noise covers")
+        if self.dp_rounds_epsilon > 0:
+            for key, value, allowed in (("drift-correction", self.drift_correction, "none"),
+                                        ("robust-aggregation", self.robust_aggregation, "none"),
+                                        ("server-optimizer", self.server_optimizer, "fedavg")):
+                if value != allowed:
+                    raise ConfigError(key, value, f'with dp-rounds-epsilon use "{allowed}": DP '
+                                      "rounds average clipped updates, with noise, and nothing "
+                                      "else reads them")
 
     def _check_finetune(self) -> None:
         """The encoder path's method and its limits: no closed-form start (no cached

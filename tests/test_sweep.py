@@ -64,9 +64,14 @@ def test_every_shipped_preset_loads_and_validates_every_run():
             assert preset.seeds == PAPER_SEEDS[:3] and preset.num_supernodes == 100
             assert preset.config["num-server-rounds"] == 20
         elif any(s.run_config.get("attack", "none") != "none" for s in preset.runs()):
-            # the robustness grid (issue 32): one seed, 100 clients, the default's rounds
+            # the robustness grid (issue 32): one seed (three for the recommended defence's
+            # rows), 100 clients, the default's rounds
+            assert preset.seeds in (PAPER_SEEDS[:1], PAPER_SEEDS[:3])
+            assert preset.num_supernodes == 100 and "num-server-rounds" not in preset.config
+        elif any(s.run_config.get(key, 0) for key in ("dp-statistics-epsilon", "dp-rounds-epsilon")
+                 for s in preset.runs()):
+            # the DP table (issue 32): one seed, 100 clients, accuracy against epsilon
             assert preset.seeds == PAPER_SEEDS[:1] and preset.num_supernodes == 100
-            assert "num-server-rounds" not in preset.config
         else:  # the OvA-LP paper's
             assert preset.seeds == PAPER_SEEDS and preset.num_supernodes == 100
             assert preset.config["num-server-rounds"] == 50

@@ -93,10 +93,11 @@ class RobustAggregation:
     kind: str
     fraction: float = 0.1
 
-    def __call__(self, replies: Sequence[TrainReply], global_arrays: Arrays
-                 ) -> tuple[Arrays, list[TrainReply]]:
+    def __call__(self, replies: Sequence[TrainReply], global_arrays: Arrays,
+                 server_round: int = 0, sampled: int = 0) -> tuple[Arrays, list[TrainReply]]:
         """The round's robust combination of the replies' models, and the replies the control
-        variates may learn from (`admitted`)."""
+        variates may learn from (`admitted`). The round and the clients sampled are
+        `privacy.PrivateRounds`'s, which is called here too."""
         admitted = clipped(replies, global_arrays)
         if self.kind == "median":
             combined = _flower(aggregate_median, replies)

@@ -15,6 +15,7 @@ from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.core.quasi_newton import GramPreconditioner, ServerLBFGS
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.node import local_schedule
+from ovalp_flwr.federation.privacy import private_rounds
 from ovalp_flwr.federation.robust import RobustAggregation
 from ovalp_flwr.federation.scaffold import ControlVariates
 from ovalp_flwr.federation.server_lbfgs import StagedLBFGS
@@ -84,7 +85,7 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         aggregation_weights=config.aggregation_weights,
         exclude_after=config.exclude_after_rejections,
         robust=(RobustAggregation(config.robust_aggregation, config.robust_fraction)
-                if config.robust_aggregation != "none" else None),
+                if config.robust_aggregation != "none" else private_rounds(config)),
         control_variates=(ControlVariates(config.learning_rate,
                                           held_by_clients=config.scaffold_variates == "clients")
                           if config.drift_correction == "scaffold" and not config.server_steps

@@ -324,8 +324,9 @@ class Staged:
             with_data = [r for r in with_data if r.node not in refused]
         trained, mean = self._finite_mean(with_data, server_round, rejections)
         admitted = trained
-        if self.robust is not None and trained:
-            mean, admitted = self.robust(trained, self._global)
+        if self.robust is not None and trained:  # a robust rule, or DP's clipped noisy mean
+            mean, admitted = self.robust(trained, self._global, server_round,
+                                         self.rounds.get(server_round, {}).get("clients_sampled", 0))
         rejections.sort(key=lambda refused: rank(refused["node"]))  # the replies' order
         arrays, metrics = self._combine(server_round, trained, mean) if trained else (None, None)
         if self.variates is not None and admitted:

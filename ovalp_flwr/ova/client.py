@@ -27,6 +27,7 @@ from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats, no
 from ovalp_flwr.core.training import shuffle_generator, train_local
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.attacks import attack_of, flipped
+from ovalp_flwr.federation.privacy import clip_rows
 from ovalp_flwr.federation.node import (NodeRows, feature_source, local_schedule, node_partition,
                                         node_rows, node_test_rows, noise_spec, partition_spec,
                                         run_config)
@@ -91,6 +92,8 @@ def client_statistics(config: RunConfig, context: Context, request: Mapping,
     if kind == "none":
         return None
     features, labels = _device_rows(config, context, digest)
+    if config.dp_statistics_epsilon > 0:  # the server's noise covers one clipped example
+        features = clip_rows(features, config.dp_feature_clip)
     return ClassStatistics.of(features, labels, int(request[p.NUM_CLASSES]), kind == "gram")
 
 

@@ -39,6 +39,7 @@ from ovalp_flwr.federation.checkpoint import part_files
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError, SetupCosts, wait_for_nodes
 from ovalp_flwr.federation.node import all_partitions, resolve_path
+from ovalp_flwr.federation.privacy import privacy_report, private_statistics, statistics_noise
 from ovalp_flwr.federation.results import default_run_name, write_run
 from ovalp_flwr.federation.resume import Checkpoints, resumable
 from ovalp_flwr.federation.rounds import equal_share_steps, make_strategy, train_reply_check
@@ -65,6 +66,9 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     init = make_head_init(config.head_init, config.ridge_lambda)
     # the server's L-BFGS is preconditioned by the Gram matrix, whatever the start
     setup = set_up(grid, nodes, config, cache, "gram" if config.server_steps else init.statistics)
+    if config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
+        setup.statistics.total = private_statistics(setup.statistics.total, statistics_noise(config),
+                                                    config.dp_feature_clip, config.seed)
     initial, start = initial_head(config, init, setup.statistics, cache)
     clients, stats = setup.clients, setup.norm
 
@@ -99,6 +103,8 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
                           _feature_info(cache, stats))
     finish_run(summary, config, clients, steps, setup.costs)
     summary["head_init"] = checkpoints.head_init
+    if config.dp_statistics_epsilon > 0 or config.dp_rounds_epsilon > 0:
+        summary["privacy"] = privacy_report(config)
     if checkpoints.resumes:
         summary["resumes"] = checkpoints.resumes
     if config.personalization_methods:
