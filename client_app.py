@@ -38,10 +38,11 @@ return_large_frees()
 # one_thread_mod: the cached path's tiny head math on one CPU thread, per message
 app = ClientApp(mods=[feature_path.one_thread_mod])
 # chaos_mod: only on nodes whose --node-config names a `chaos` kind (fault rehearsals);
-# attack_mod: only on the clients the run's `attack` rehearsal picks (hostile, well-formed)
+# attack_mod: only on the clients the run's `attack` rehearsal picks (hostile, well-formed):
+# their updates, and the statistics and sample counts of the set-up queries
 app.train(mods=[chaos_mod, attack_mod, feature_path.secure_statistics_mod])(handler("train"))
 app.evaluate()(handler("evaluate"))
-app.query("describe")(handler("describe"))
-app.query("set_norm")(handler("set_norm"))
+app.query("describe", mods=[attack_mod])(handler("describe"))
+app.query("set_norm", mods=[attack_mod])(handler("set_norm"))
 app.train("personalize")(handler("personalize"))
 app.evaluate("personalized")(handler("score_personalized"))

@@ -43,8 +43,10 @@ STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.federation
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
 FINETUNES = ("none", "lp", "fedavg-lora", "flora", "full")  # ovalp_flwr.finetune
 PFT_GLOBALS = ("server", "clients")  # who scores Global: ovalp_flwr.personalize.phase
+ROBUST_STARTS = ("none", "leave-out")  # core.head_init.leave_out
 ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean", "multi-krum", "norm-clip")  # federation.robust
-ATTACKS = ("none", "scale-10", "scale-100", "sign-flip", "label-flip")  # federation.attacks
+ATTACKS = ("none", "scale-10", "scale-100", "sign-flip", "label-flip", "stats-flip", "stats-gram",
+           "stats-count")  # federation.attacks
 PFT_PREFIX = "pft."  # pft.<method>.<hyperparameter>: a personalization method's own knobs
 # the knobs every method shares (personalize.hyperparameters.FineTuning) and their run-config keys
 SHARED_PFT = {"epochs": "pft-epochs", "learning-rate": "pft-learning-rate",
@@ -279,6 +281,15 @@ class RunConfig:
     dp_delta: float = _key(
         1e-5, "start", "The δ at which `dp-statistics-epsilon` and `dp-rounds-epsilon` are "
         "spent, in (0, 1).")
+    robust_start: str = _key(
+        "none", "start", "`leave-out`: the server keeps each client's statistics and, before "
+        "the start is used, builds it once without each client in turn; a client whose absence "
+        "raises the start's accuracy on the server's test split by more than "
+        "`robust-start-margin` is left out of the sums (not of the rounds) "
+        "([Robustness](robustness.md)).", ROBUST_STARTS)
+    robust_start_margin: float = _key(
+        0.005, "start", "With `robust-start`: the accuracy gain (a fraction) that leaves a "
+        "client out.")
     statistics_aggregation: str = _key(
         "plain", "start", "How the server sums the clients' statistics: `plain`, as they come, "
         "or `secagg+`, under Flower's SecAgg+, which shows it only their sum.",
@@ -299,7 +310,9 @@ class RunConfig:
         "none", "reliability", "Attack rehearsal: `attack-fraction` of the clients (chosen by "
         "`seed`) send hostile updates that pass every check, `scale-10` or `scale-100` (their "
         "update times that), `sign-flip` (minus it) or `label-flip` (trained on labels moved "
-        "one class on, the cached-feature path) ([Robustness](robustness.md)).", ATTACKS)
+        "one class on, the cached-feature path), or forged statistics for the start: `stats-flip` "
+        "(class sums negated), `stats-gram` (Gram matrix x10), `stats-count` (counts, and the "
+        "sample count described, x10) ([Robustness](robustness.md)).", ATTACKS)
     attack_fraction: float = _key(
         0.1, "reliability", "The share of clients that attack (at least one when `attack` is "
         "set).")
@@ -533,9 +546,20 @@ class RunConfig:
         if self.robust_aggregation != "none" and self.finetune == "flora":
             raise ConfigError("robust-aggregation", self.robust_aggregation, "FLoRA stacks the "
                               "clients' LoRA factors instead of averaging them; use \"none\"")
-        if self.attack == "label-flip" and self.finetune != "none":
-            raise ConfigError("attack", self.attack, "label-flip rehearses on the cached-feature "
-                              'path; with finetune use "scale-10", "scale-100" or "sign-flip"')
+        if self.attack not in ("none", "scale-10", "scale-100", "sign-flip") \
+                and self.finetune != "none":
+            raise ConfigError("attack", self.attack, f"{self.attack} rehearses on the cached-"
+                              'feature path; with finetune use "scale-10", "scale-100" or '
+                              '"sign-flip"')
+        _one_of("robust-start", self.robust_start, ROBUST_STARTS)
+        if self.robust_start != "none" and (self.statistics_aggregation == "secagg+"
+                                            or self.finetune != "none"):
+            raise ConfigError("robust-start", self.robust_start, "the check needs each client's "
+                              'statistics: use statistics-aggregation="plain" on the cached-'
+                              "feature path")
+        if not 0 <= self.robust_start_margin < 1:
+            raise ConfigError("robust-start-margin", self.robust_start_margin,
+                              "use an accuracy gain in [0, 1)")
 
     def _check_privacy(self) -> None:
         """DP's keys, and what a private run cannot use: anything that shows the server (or the
@@ -559,6 +583,10 @@ class RunConfig:
             raise ConfigError("feature-norm", self.feature_norm, f"with {private[0]} use \"l2\" or "
                               '"none": the others normalise by the clients\' summed moments, '
                               "which no noise covers")
+        if self.dp_statistics_epsilon > 0 and self.robust_start != "none":
+            raise ConfigError("robust-start", self.robust_start, "with dp-statistics-epsilon use "
+                              '"none": the check reads each client\'s statistics, which no '
+                              "noise covers")
         if self.dp_rounds_epsilon > 0:
             for key, value, allowed in (("drift-correction", self.drift_correction, "none"),
                                         ("robust-aggregation", self.robust_aggregation, "none"),

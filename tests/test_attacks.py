@@ -4,6 +4,7 @@ FedAvg's mean does not survive (`federation.robust`)."""
 
 import numpy as np
 import pytest
+import torch
 
 from ovalp_flwr.federation.attacks import attackers, poisoned
 from ovalp_flwr.federation.local_grid import run_local
@@ -71,3 +72,19 @@ def test_label_flip_trains_on_labels_moved_one_class_on(cache_dir, tmp_path):
     flipped = final_accuracy(cache_dir, tmp_path, "all-flip", attack="label-flip",
                              **{"attack-fraction": 1.0})
     assert flipped < 0.1
+
+
+def test_a_statistics_attack_forges_what_every_check_still_passes():
+    from ovalp_flwr.core.head_init.statistics import ClassStatistics
+    from ovalp_flwr.federation.attacks import forged
+    from ovalp_flwr.federation.validation import check_statistics
+
+    rows, labels = np.random.default_rng(0).normal(size=(30, 4)), np.arange(30) % 3
+    honest = ClassStatistics.of(torch.from_numpy(rows), torch.from_numpy(labels), 3, True).to_arrays()
+    for kind in ("stats-flip", "stats-gram", "stats-count"):
+        sent = forged(honest, kind)
+        examples = 300 if kind == "stats-count" else 30  # it describes 10x its rows too
+        assert check_statistics(sent, 3, 4, examples) is None, kind
+    assert np.array_equal(forged(honest, "stats-flip")["sums"], -honest["sums"])
+    assert np.allclose(forged(honest, "stats-gram")["gram-triu"], 10 * honest["gram-triu"])
+    assert np.array_equal(forged(honest, "stats-count")["counts"], 10 * honest["counts"])

@@ -13,6 +13,7 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
+from ovalp_flwr.core.head_init.leave_out import without
 from ovalp_flwr.core.head_init.statistics import ClassStatistics, wire_bytes
 from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats
 from ovalp_flwr.config import RunConfig
@@ -36,7 +37,8 @@ class StatisticsSum:
     float64: the same additions `ClassStatistics.merge` makes on the full matrices, so the
     same bits, without unpacking a D x D matrix per client (10 ms each at D = 784)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_parts: bool = False) -> None:
+        self.parts: dict[int, dict[str, np.ndarray]] | None = {} if keep_parts else None
         self._total: ClassStatistics | None = None
         self._packed: dict[str, np.ndarray] | None = None  # running float64 sums, wire form
         self.senders = 0
@@ -71,11 +73,14 @@ class StatisticsSum:
         self.senders, self.secure = sum(1 for n in sizes.values() if n), True
         self.wire_bytes = sum(message_bytes(c) for c in counted.received) / max(len(clients), 1)
 
-    def add(self, content: RecordDict) -> None:
+    def add(self, content: RecordDict, node: int = 0) -> None:
+        """One client's statistics into the sum (and, with `keep_parts`, kept in wire form)."""
         if p.STATISTICS not in content:
             return
         record = content[p.STATISTICS]
         part = p.from_record(record)
+        if self.parts is not None:
+            self.parts[node] = part
         if self._packed is None:
             ClassStatistics.from_arrays(part)  # the first reply's shapes checked; later ones match them
             self._packed = {key: np.asarray(value, np.float64) for key, value in part.items()}
@@ -86,6 +91,19 @@ class StatisticsSum:
         self._total = None
         self.senders += 1
         self.wire_bytes += record.count_bytes()
+
+    def part(self, node: int) -> ClassStatistics:
+        """A kept client's statistics, unpacked (`keep_parts`)."""
+        return ClassStatistics.from_arrays(self.parts[node])
+
+    def drop(self, nodes: list[int]) -> None:
+        """Kept clients' statistics taken out of the sum."""
+        total = self.total
+        for node in nodes:
+            total = without(total, self.part(node))
+            del self.parts[node]
+            self.senders -= 1
+        self.total = total
 
 
 def _check_like(part: dict[str, np.ndarray], total: dict[str, np.ndarray]) -> None:
@@ -142,7 +160,7 @@ def describe_clients(grid: Grid, nodes: list[int], check_ids: bool = True,
                 reason)
             continue
         if statistics is not None:
-            statistics.add(content)
+            statistics.add(content, node)
         info = dict(content[p.METRICS])
         info[p.FEATURE_SPACE] = str(content[p.CONFIG][p.FEATURE_SPACE])
         if p.MOMENTS in content:
@@ -252,7 +270,7 @@ def broadcast_stats(grid: Grid, stats: NormStats, nodes: list[int],
                 reason)
             refused.append(node)
         elif statistics is not None:
-            statistics.add(content)
+            statistics.add(content, node)
     return refused
 
 

@@ -29,6 +29,7 @@ from flwr.serverapp import Grid
 from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.core.devices import resolve_device
 from ovalp_flwr.core.head_init import HeadInit, make_head_init
+from ovalp_flwr.core.head_init.leave_out import leave_out_check
 from ovalp_flwr.core.model import initial_adapter, model_from_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, NormStats, normalize
 from ovalp_flwr.data.partition import PartitionSummary
@@ -69,7 +70,9 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     if config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
         setup.statistics.total = private_statistics(setup.statistics.total, statistics_noise(config),
                                                     config.dp_feature_clip, config.seed)
+    checked = checked_start(config, init, setup, cache) if config.robust_start != "none" else {}
     initial, start = initial_head(config, init, setup.statistics, cache)
+    start.update(checked)
     clients, stats = setup.clients, setup.norm
 
     # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
@@ -137,7 +140,7 @@ def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeature
     """describe, then set_norm; the start's statistics ride on the last of them (set_norm, or
     describe when the normalisation needs no global statistics), or come under SecAgg+ after
     them (`statistics-aggregation = "secagg+"`)."""
-    costs, summed = SetupCosts(), StatisticsSum()
+    costs, summed = SetupCosts(), StatisticsSum(keep_parts=config.robust_start != "none")
     request = statistics_request(statistics_kind, cache.num_classes)
     secure = config.statistics_aggregation == "secagg+" and bool(request)
     on_describe = not NEEDS_STATS[config.feature_norm] and not secure
@@ -182,6 +185,27 @@ def initial_head(config: RunConfig, init: HeadInit, summed: StatisticsSum,
         say(INFO, "head-init %s: statistics from %d clients (%.0f kB each), built in %.2f s",
             init.name, summed.senders, info["statistics_bytes_per_client"] / 1e3, seconds)
     return {**adapter, "weight": weight, "bias": bias}, info
+
+
+def checked_start(config: RunConfig, init: HeadInit, setup: SetUp, cache: CachedFeatures) -> dict:
+    """`robust-start = "leave-out"`: the clients whose absence makes the start more accurate on
+    the server's test split (`head_init.leave_out`) taken out of its sums; what `summary.json`
+    says of them. They stay in the rounds, where `robust-aggregation` bounds their updates:
+    under label skew a client may hold a class alone, and only its rounds can teach it."""
+    summed = setup.statistics
+    if summed.total is None:
+        return {}
+    started = time.perf_counter()
+    features = normalize(config.feature_norm, cache.test.x, setup.norm)
+    parts = {node: summed.part(node) for node in summed.parts}
+    check = leave_out_check(init, summed.total, parts, features, cache.test.y, config.seed,
+                            config.robust_start_margin)
+    partition = [int(setup.clients[node][p.PARTITION_ID]) for node in check.left_out]
+    summed.drop(check.left_out)
+    say(INFO, "robust-start: %d of %d clients left out (start %.4f with all; %.1f s)",
+        len(check.left_out), len(parts), check.accuracy, time.perf_counter() - started)
+    return {"check_accuracy": check.accuracy, "left_out": partition, "gains": check.gains,
+            "check_seconds": time.perf_counter() - started}
 
 
 def _feature_info(cache: CachedFeatures, stats: NormStats | None) -> dict:

@@ -1,0 +1,55 @@
+"""The start checked before it is used (`core.head_init.leave_out`): a client whose absence
+makes the start better is left out, one at a time, and on honest statistics no one is."""
+
+import numpy as np
+import torch
+
+from ovalp_flwr.core.head_init.leave_out import leave_out_check, without
+from ovalp_flwr.core.head_init.ridge import RidgeInit
+from ovalp_flwr.core.head_init.statistics import ClassStatistics
+from ovalp_flwr.federation.local_grid import run_local
+from ovalp_flwr.federation.results import read_summary
+
+
+def blobs(rng, n, classes):
+    labels = rng.choice(classes, n)
+    centres = np.eye(8)[:4] * 3.0
+    return centres[labels] + rng.normal(size=(n, 8)), labels
+
+
+def stats_of(rows, labels):
+    return ClassStatistics.of(torch.from_numpy(rows), torch.from_numpy(labels), 4, True)
+
+
+def test_a_forged_client_is_left_out_and_honest_ones_are_not():
+    rng = np.random.default_rng(0)
+    parts = {node: stats_of(*blobs(rng, 200, [node % 4, (node + 1) % 4])) for node in range(8)}
+    test_rows, test_labels = blobs(rng, 2000, [0, 1, 2, 3])
+    honest = ClassStatistics.merge(list(parts.values()))
+    init = RidgeInit(0.01)
+    clean = leave_out_check(init, honest, parts, test_rows, test_labels, 0, margin=0.005)
+    assert clean.left_out == []
+    bad = parts[3]
+    parts[3] = ClassStatistics(bad.counts, -10 * bad.sums, bad.square_norms, bad.gram)
+    forged = ClassStatistics.merge(list(parts.values()))
+    check = leave_out_check(init, forged, parts, test_rows, test_labels, 0, margin=0.005)
+    assert check.left_out == [3] and check.gains[0] > 0.005
+    assert np.allclose(without(forged, parts[3]).sums, without(honest, bad).sums)
+
+
+def test_the_leave_out_start_drops_a_forged_gram_that_the_plain_start_is_hurt_by(cache_dir, tmp_path):
+    """Label skew, one attacker scaling its Gram matrix: the start falls; checked, the
+    attacker alone is left out of the sums, and no one is on the clean run."""
+    options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir), "num-server-rounds": 0,
+               "results-dir": str(tmp_path), "partition": "shard", "classes-per-client": 1,
+               "attack-fraction": 0.1, "ridge-lambda": 0.001}
+    def start(name, **overrides):
+        return read_summary(run_local({**options, "run-name": name, **overrides}, 10))
+    clean, forged_run = start("clean"), start("forged", attack="stats-gram")
+    checked = start("checked", attack="stats-gram", **{"robust-start": "leave-out"})
+    clean_checked = start("clean-checked", **{"robust-start": "leave-out"})
+    assert forged_run["initial_accuracy"] < clean["initial_accuracy"] - 0.2
+    assert checked["initial_accuracy"] > forged_run["initial_accuracy"] + 0.2
+    assert len(checked["head_init"]["left_out"]) == 1
+    assert clean_checked["head_init"]["left_out"] == []
+    assert clean_checked["initial_accuracy"] == clean["initial_accuracy"]
