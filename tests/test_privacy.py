@@ -11,7 +11,7 @@ import torch
 from ovalp_flwr.config import ConfigError, RunConfig
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.federation.local_grid import run_local
-from ovalp_flwr.federation.privacy import (PrivateRounds, clip_rows, epsilon_spent,
+from ovalp_flwr.federation.privacy import (PrivateRounds, clip_rows, epsilon_spent, gram_shift,
                                            noise_multiplier_for, privacy_report,
                                            private_statistics)
 from ovalp_flwr.federation.replies import TrainReply
@@ -70,7 +70,9 @@ def test_the_statistics_noise_is_scaled_per_block_by_what_one_example_changes():
     noisy = private_statistics(stats, 1.5, clip=2.0, seed=0)
     scale = 1.5 * math.sqrt(4)  # four blocks, each of sensitivity 1 once scaled
     assert noisy.sums.std() == pytest.approx(scale * 2.0, rel=0.05)
-    assert noisy.gram[np.triu_indices(d)].std() == pytest.approx(scale * 4.0, rel=0.05)
+    noise = noisy.gram - gram_shift(scale * 4.0, d) * np.eye(d)
+    assert noise[np.triu_indices(d, 1)].std() == pytest.approx(scale * 4.0, rel=0.05)
+    assert np.linalg.eigvalsh(noisy.gram).min() > 0  # the shift keeps it positive definite
     assert np.allclose(noisy.gram, noisy.gram.T)
     again = private_statistics(stats, 1.5, clip=2.0, seed=0)
     assert np.array_equal(noisy.sums, again.sums) and np.array_equal(noisy.gram, again.gram)

@@ -70,6 +70,11 @@ def clip_rows(features: torch.Tensor, bound: float) -> torch.Tensor:
     return features * (bound / norms).clamp(max=1.0)
 
 
+def gram_shift(std: float, size: int) -> float:
+    """The spectral edge of a size x size symmetric Gaussian noise matrix of entry std `std`."""
+    return 2.0 * std * math.sqrt(size)
+
+
 def private_statistics(stats: ClassStatistics, noise_multiplier: float, clip: float,
                        seed: int) -> ClassStatistics:
     """The summed statistics with the Gaussian mechanism's noise: the blocks scaled by their
@@ -82,10 +87,13 @@ def private_statistics(stats: ClassStatistics, noise_multiplier: float, clip: fl
     square_norms = stats.square_norms + rng.normal(0.0, scale * clip ** 2, stats.counts.shape)
     gram = None
     if stats.gram is not None:
-        d = len(stats.gram)
+        d, std = len(stats.gram), scale * clip ** 2
         upper = np.zeros((d, d))
-        upper[np.triu_indices(d)] = rng.normal(0.0, scale * clip ** 2, d * (d + 1) // 2)
-        gram = stats.gram + upper + np.triu(upper, 1).T
+        upper[np.triu_indices(d)] = rng.normal(0.0, std, d * (d + 1) // 2)
+        # post-processing: symmetric noise of this std has eigenvalues down to about -2·std·√D
+        # (the semicircle's edge), which would leave the ridge system indefinite; the diagonal
+        # is raised by that much, so the noisy Gram stays positive definite (a ridge penalty)
+        gram = stats.gram + upper + np.triu(upper, 1).T + gram_shift(std, d) * np.eye(d)
     # post-processing: a count or a square norm below zero is no one's
     return ClassStatistics(np.maximum(counts, 0.0), sums, np.maximum(square_norms, 0.0), gram)
 
