@@ -1,67 +1,256 @@
-"""Attack x defence, one table per setting, from the robustness report's `table.csv`.
+"""The robustness report's tables and plot, from the committed run summaries of four presets.
 
-`python -m ovalp_flwr.experiments.report conf/robustness.toml` writes every cell of the grid;
-this pivots it so a defence reads down a column: each cell is the final accuracy (%) and its
-difference from the clean run with FedAvg's mean (points). Cells whose run is missing say so.
-Writes `reports/robustness/pivot.md`:
+- `conf/robustness.toml`: update attacks x every defence, per setting (10% attackers, seed 0);
+- `conf/robustness-statistics.toml`: forged statistics x (no defence, the recommended one);
+- `conf/robustness-recommended.toml`: the recommended defence on three seeds, and at one
+  attacker and at 20%;
+- `conf/privacy.toml`: accuracy against ε for the DP start and the DP rounds.
+
+Each cell is a final accuracy (%) with, in brackets, its points against the clean run with no
+defence (the same seed). A run that is not in `results/` reads "not run". Writes
+`reports/robustness/pivot.md`, `reports/robustness/privacy.md` and `privacy.png`:
 
     .venv/bin/python benchmarks/robustness_table.py
 """
 
 from __future__ import annotations
 
-import csv
+import math
+import statistics
 import sys
 from pathlib import Path
 
 from ovalp_flwr.core.durable import replace_durably
-from ovalp_flwr.experiments.sweep import load_preset
+from ovalp_flwr.experiments.sweep import Preset, load_preset
+from ovalp_flwr.federation.results import read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESET = ROOT / "conf" / "robustness.toml"
 REPORT = ROOT / "reports" / "robustness"
+UPDATE_ATTACKS = ["scale-10", "scale-100", "sign-flip", "label-flip"]
+STATISTICS_ATTACKS = ["stats-flip", "stats-gram", "stats-count"]
+EPSILONS = ["eps1", "eps2", "eps4", "eps8", "none"]
 
 
-def final_accuracy(table: Path) -> dict[tuple[str, str, str], float]:
-    """(setting, attack, defence) -> final accuracy (%), for the cells with a run."""
-    with table.open() as handle:
-        return {(row["setting"], row["attack"], row["defence"]): float(row["final_mean"])
-                for row in csv.DictReader(handle) if row["final_mean"]}
+def summaries(preset: Preset) -> dict[tuple[tuple[str, str], ...], dict]:
+    """(axis choices..., ("seed", s)) -> summary, for the preset's runs that are in results/."""
+    found = {}
+    for spec in preset.runs():
+        path = preset.results_dir(ROOT / "results") / spec.name
+        if (path / "summary.json").exists():
+            found[(*spec.choices, ("seed", str(spec.seed)))] = read_summary(path)
+    return found
 
 
-def pivot(finals: dict[tuple[str, str, str], float], setting: str, attacks: list[str],
-          defences: list[str]) -> list[str]:
-    clean = finals.get((setting, "clean", "mean"))
-    lines = [f"### {setting}", "", "| attack | " + " | ".join(defences) + " |",
-             "|---|" + "---:|" * len(defences)]
-    for attack in attacks:
-        cells = []
-        for defence in defences:
-            value = finals.get((setting, attack, defence))
-            if value is None:
-                cells.append("not run")
-            elif clean is None:
-                cells.append(f"{value:.2f}")
-            else:
-                cells.append(f"{value:.2f} ({value - clean:+.2f})")
-        lines.append(f"| {attack} | " + " | ".join(cells) + " |")
-    return lines + [""]
+def final(summary: dict | None) -> float | None:
+    return None if summary is None else 100.0 * summary["final_accuracy"]
+
+
+def cell(value: float | None, clean: float | None) -> str:
+    if value is None:
+        return "not run"
+    return f"{value:.2f}" if clean is None else f"{value:.2f} ({value - clean:+.2f})"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return (["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+            + ["| " + " | ".join(row) + " |" for row in rows] + [""])
+
+
+class Grids:
+    """The four presets' summaries, and the cells the tables read."""
+
+    def __init__(self) -> None:
+        self.presets = {name: load_preset(ROOT / "conf" / f"{name}.toml") for name in
+                        ("robustness", "robustness-statistics", "robustness-recommended", "privacy")}
+        self.runs = {name: summaries(preset) for name, preset in self.presets.items()}
+
+    def get(self, preset: str, seed: int = 0, **choices: str) -> dict | None:
+        axes = self.presets[preset].axes
+        key = (*((axis, choices[axis]) for axis in axes), ("seed", str(seed)))
+        return self.runs[preset].get(key)
+
+    def clean(self, setting: str, seed: int) -> float | None:
+        """The clean run with no defence: seed 0's from the grid, the others' from the
+        recommended preset's clean-undefended rows."""
+        if seed == 0:
+            return final(self.get("robustness", setting=setting, attack="clean", defence="mean"))
+        return final(self.get("robustness-recommended", seed, setting=setting,
+                              attackers="ten-percent", attack="clean-undefended"))
+
+    def recommended(self, setting: str, attack: str, seed: int, attackers: str) -> float | None:
+        """The recommended defence (norm clipping + the leave-out start) under an attack. Seed
+        0 at 10%: the statistics grid's "recommended" column for the clean run and forged
+        statistics; for update attacks, the grid's norm-clip run, which is the same run when the
+        leave-out check leaves no one out of honest statistics (checked in `main`)."""
+        if seed == 0 and attackers == "ten-percent":
+            if attack == "clean" or attack in STATISTICS_ATTACKS:
+                return final(self.get("robustness-statistics", setting=setting, attack=attack,
+                                      defence="recommended"))
+            return final(self.get("robustness", setting=setting, attack=attack,
+                                  defence="norm-clip"))
+        return final(self.get("robustness-recommended", seed, setting=setting,
+                              attackers=attackers, attack=attack))
+
+
+def update_attack_tables(grids: Grids) -> list[str]:
+    axes = grids.presets["robustness"].axes
+    lines = ["## Update attacks x every defence (10% attackers, seed 0)", ""]
+    for setting in axes["setting"]:
+        clean = grids.clean(setting, 0)
+        rows = [[attack] + [cell(final(grids.get("robustness", setting=setting, attack=attack,
+                                                 defence=defence)), clean)
+                            for defence in axes["defence"]] for attack in axes["attack"]]
+        lines += [f"### {setting}", ""] + table(["attack", *axes["defence"]], rows)
+    return lines
+
+
+def statistics_tables(grids: Grids) -> list[str]:
+    axes = grids.presets["robustness-statistics"].axes
+    lines = ["## Forged statistics (10% attackers, seed 0)", "",
+             "Start: the accuracy before round 1. Left out: the clients the leave-out check took "
+             "out of the start's sums (of the attackers drawn).", ""]
+    for setting in axes["setting"]:
+        clean = grids.clean(setting, 0)
+        rows = []
+        for attack in axes["attack"]:
+            row = [attack]
+            for defence in axes["defence"]:
+                run = grids.get("robustness-statistics", setting=setting, attack=attack,
+                                defence=defence)
+                start = "" if run is None else f"; start {100 * run['initial_accuracy']:.2f}"
+                left = "" if run is None or "left_out" not in run["head_init"] else \
+                    f"; left out {len(run['head_init']['left_out'])}"
+                row.append(cell(final(run), clean) + start + left)
+            rows.append(row)
+        lines += [f"### {setting}", ""] + table(["attack", *axes["defence"]], rows)
+    return lines
+
+
+def seed_tables(grids: Grids) -> list[str]:
+    seeds = list(grids.presets["robustness-recommended"].seeds)
+    attacks = ["clean", *UPDATE_ATTACKS, "stats-gram"]
+    lines = ["## The recommended defence on three seeds (10% attackers)", "",
+             "Points against each seed's clean run with no defence; the last column is their "
+             "mean and the worst seed.", ""]
+    for setting in grids.presets["robustness"].axes["setting"]:
+        rows = []
+        for attack in attacks:
+            diffs, row = [], [attack]
+            for seed in seeds:
+                value, clean = grids.recommended(setting, attack, seed, "ten-percent"), \
+                    grids.clean(setting, seed)
+                row.append(cell(value, clean))
+                if value is not None and clean is not None:
+                    diffs.append(value - clean)
+            row.append(f"{statistics.mean(diffs):+.2f} (worst {min(diffs):+.2f})"
+                       if len(diffs) == len(seeds) else "incomplete")
+            rows.append(row)
+        lines += [f"### {setting}", ""] + table(
+            ["attack", *(f"seed {s}" for s in seeds), "mean (worst)"], rows)
+    return lines
+
+
+def fraction_tables(grids: Grids) -> list[str]:
+    shares = {"one": "1 attacker", "ten-percent": "10%", "twenty-percent": "20%"}
+    lines = ["## The recommended defence against how many attack (seed 0)", "",
+             "The share is of the clients that hold data (CIFAR-10 Bernoulli-Dirichlet: 11 of "
+             "100; TinyImageNet-100: 64 of 100; IID: all 100).", ""]
+    for setting in grids.presets["robustness"].axes["setting"]:
+        clean = grids.clean(setting, 0)
+        rows = [[attack] + [cell(grids.recommended(setting, attack, 0, share), clean)
+                            for share in shares]
+                for attack in ["scale-100", "sign-flip", "label-flip", "stats-gram"]]
+        lines += [f"### {setting}", ""] + table(["attack", *shares.values()], rows)
+    return lines
+
+
+def same_runs_check(grids: Grids) -> list[str]:
+    """Seed 0's update-attack cells borrow the grid's norm-clip runs: say whether the leave-out
+    check left anyone out of the clean statistics (if not, the runs are the same)."""
+    lines = []
+    for setting in grids.presets["robustness"].axes["setting"]:
+        run = grids.get("robustness-statistics", setting=setting, attack="clean",
+                        defence="recommended")
+        plain = grids.get("robustness", setting=setting, attack="clean", defence="norm-clip")
+        if run is None or plain is None:
+            continue
+        left = run["head_init"].get("left_out", [])
+        same = run["final_accuracy"] == plain["final_accuracy"]
+        lines.append(f"- {setting}: on clean statistics the check left out {len(left)} "
+                     f"client(s); the clean run with it ends at {100 * run['final_accuracy']:.2f}%, "
+                     f"with norm clipping alone at {100 * plain['final_accuracy']:.2f}% "
+                     f"({'the same run' if same else 'they differ'}).")
+    return ["## Seed 0's update-attack cells", "",
+            "They are the grid's norm-clip runs: the leave-out check reads only the statistics, "
+            "which update attackers send honestly.", "", *lines, ""]
+
+
+def privacy_rows(grids: Grids) -> tuple[list[str], dict]:
+    preset = grids.presets["privacy"]
+    columns = [(setting, kind) for setting in preset.axes["setting"] for kind in ("start", "rounds")]
+    points: dict = {column: [] for column in columns}
+    rows = []
+    for eps in EPSILONS:
+        row = ["∞ (no noise)" if eps == "none" else eps.removeprefix("eps")]
+        for setting, kind in columns:
+            run = grids.get("privacy", setting=setting, privacy=f"{kind}-{eps}")
+            if run is None:
+                row.append("not run")
+                continue
+            spent = run.get("privacy", {}).get("statistics" if kind == "start" else "rounds")
+            value = 100.0 * run["final_accuracy"]
+            row.append(f"{value:.2f}" + (f" (ε {spent['epsilon']:.3f})" if spent else ""))
+            points[(setting, kind)].append((math.inf if eps == "none" else float(eps[3:]), value))
+        rows.append(row)
+    header = ["ε", *(f"{setting} {kind}" for setting, kind in columns)]
+    return table(header, rows), points
+
+
+def privacy_plot(points: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.4, 4.0), constrained_layout=True)
+    for (setting, kind), values in points.items():
+        finite = sorted((e, a) for e, a in values if math.isfinite(e))
+        if not finite:
+            continue
+        line = axis.plot(*zip(*finite), marker="o", label=f"{setting}, DP {kind}")[0]
+        for e, a in values:
+            if not math.isfinite(e):
+                axis.axhline(a, color=line.get_color(), linestyle=":", linewidth=1)
+    axis.set(xscale="log", xlabel="ε (δ = 1e-5)", ylabel="final accuracy (%)",
+             title="Accuracy against ε (dotted: the same run without noise)")
+    axis.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+    if axis.lines:
+        axis.legend(fontsize=7)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def main() -> int:
-    preset = load_preset(PRESET)
-    axes = {axis: list(choices) for axis, choices in preset.axes.items()}
-    finals = final_accuracy(REPORT / "table.csv")
-    found = sum(1 for _ in finals)
-    lines = ["# Attack x defence", "",
-             "Made by `python benchmarks/robustness_table.py` from `reports/robustness/table.csv` "
-             f"({found} of {len(preset.runs())} runs). Final accuracy (%) after the preset's "
-             "rounds, seed 0, 10% of 100 clients attacking; in brackets, points against the clean "
-             "run with FedAvg's mean.", ""]
-    for setting in axes["setting"]:
-        lines += pivot(finals, setting, axes["attack"], axes["defence"])
+    grids = Grids()
+    counts = ", ".join(f"{name}: {len(grids.runs[name])} runs" for name in grids.runs)
+    lines = ["# Robustness: attacks and defences", "",
+             f"Made by `python benchmarks/robustness_table.py` from `results/` ({counts}). "
+             "Final accuracy (%) after 20 rounds, 100 clients; in brackets, points against the "
+             "clean run with no defence (same seed).", "", *update_attack_tables(grids),
+             *statistics_tables(grids), *same_runs_check(grids), *seed_tables(grids),
+             *fraction_tables(grids)]
     replace_durably(REPORT / "pivot.md", "\n".join(lines))
-    print("\n".join(lines))
+    privacy_table, points = privacy_rows(grids)
+    privacy = ["# Differential privacy: accuracy against ε", "",
+               "Made by `python benchmarks/robustness_table.py` from `results/privacy/` "
+               "(`conf/privacy.toml`). Final accuracy (%) with, in brackets, the ε the "
+               "accountant reports for the noise used (δ = 1e-5). Start: the DP statistics' "
+               "start alone (example-level). Rounds: 20 DP rounds from zero heads "
+               "(client-level). ∞: the same run without noise.", "", *privacy_table,
+               "![accuracy against epsilon](privacy.png)", ""]
+    replace_durably(REPORT / "privacy.md", "\n".join(privacy))
+    privacy_plot(points, REPORT / "privacy.png")
+    print("\n".join(lines + privacy))
     return 0
 
 

@@ -40,8 +40,8 @@ def run(cache_dir, tmp_path, aggregation, partition="shard", clients=CLIENTS):
     sums = []
     original = StatisticsSum.__init__
 
-    def keep(self):
-        original(self)
+    def keep(self, **options):
+        original(self, **options)
         sums.append(self)
 
     StatisticsSum.__init__ = keep
