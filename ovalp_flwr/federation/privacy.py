@@ -47,7 +47,7 @@ def epsilon_spent(noise_multiplier: float, releases: int, delta: float) -> float
 
 
 def noise_multiplier_for(epsilon: float, releases: int, delta: float) -> float:
-    """The smallest σ (to a relative 1e-4) whose `releases` spend at most ε at δ."""
+    """The smallest σ ≥ 0.01 (to a relative 1e-4) whose `releases` spend at most ε at δ."""
     low, high = 1e-2, 1.0
     while epsilon_spent(high, releases, delta) > epsilon:
         low, high = high, high * 2
