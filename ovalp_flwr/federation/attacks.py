@@ -17,9 +17,11 @@ every check, finite, of the right shapes and counts, and is hostile all the same
 Which clients attack is the run's choice (`attack`, `attack-fraction`), seeded by `seed`: the
 same set on every runner, drawn among the clients that hold data (under heavy label skew most
 hold none, and an attacker without rows sends nothing into the mean). On the fine-tuning path,
-whose clients never load the cached labels, the draw is among all partitions. The update attacks are a ClientApp mod on train replies (`attack_mod`:
-any path, SCAFFOLD's variate left honest); label-flip changes the rows the client trains on
-(`ova.client`). Under `server-optimizer = "lbfgs"` a reply is a gradient: it is scaled itself.
+whose clients never load the cached labels, the draw is among all partitions. The update and
+statistics attacks are a ClientApp mod (`attack_mod`: on train replies, any path, SCAFFOLD's
+variate left honest; on the set-up queries' statistics and counts); label-flip changes the rows
+the client trains on (`ova.client`). Under `server-optimizer = "lbfgs"` a reply is a gradient:
+it is scaled itself.
 """
 
 from __future__ import annotations

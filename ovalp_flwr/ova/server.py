@@ -197,7 +197,7 @@ def checked_start(config: RunConfig, init: HeadInit, setup: SetUp, cache: Cached
         return {}
     started = time.perf_counter()
     features = normalize(config.feature_norm, cache.test.x, setup.norm)
-    parts = {node: summed.part(node) for node in summed.parts}
+    parts = summed.kept
     check = leave_out_check(init, summed.total, parts, features, cache.test.y, config.seed,
                             config.robust_start_margin)
     partition = [int(setup.clients[node][p.PARTITION_ID]) for node in check.left_out]

@@ -48,12 +48,13 @@ class LeaveOutCheck:
 
 
 def gains_without_each(init: HeadInit, total: ClassStatistics,
-                       parts: Mapping[int, ClassStatistics], features: np.ndarray,
-                       labels: np.ndarray, seed: int) -> tuple[float, dict[int, float]]:
-    """The start's accuracy, and each client's gain from leaving it out: n + 1 solves."""
+                       parts: Mapping[int, ClassStatistics], nodes: list[int],
+                       features: np.ndarray, labels: np.ndarray,
+                       seed: int) -> tuple[float, dict[int, float]]:
+    """The start's accuracy, and each node's gain from leaving it out: n + 1 solves."""
     base = accuracy(init, total, features, labels, seed)
-    return base, {node: accuracy(init, without(total, part), features, labels, seed) - base
-                  for node, part in parts.items()}
+    return base, {node: accuracy(init, without(total, parts[node]), features, labels, seed) - base
+                  for node in nodes}
 
 
 def leave_out_check(init: HeadInit, total: ClassStatistics,
@@ -61,17 +62,19 @@ def leave_out_check(init: HeadInit, total: ClassStatistics,
                     labels: np.ndarray, seed: int, margin: float) -> LeaveOutCheck:
     """Left out one at a time: the client whose absence helps most, while that gain exceeds
     `margin`. One at a time, because a forgery still in the sums makes honest clients look
-    harmful too (their rows pull against it)."""
-    parts = {node: part for node, part in parts.items() if part.num_samples > 0}
+    harmful too (their rows pull against it). `parts` is read one client at a time, so it may
+    unpack each client's statistics when read (`setup.StatisticsSum.kept`)."""
+    remaining = [node for node in parts if parts[node].num_samples > 0]
     first = None
     left, gains = [], []
-    while parts:
-        base, gain = gains_without_each(init, total, parts, features, labels, seed)
+    while remaining:
+        base, gain = gains_without_each(init, total, parts, remaining, features, labels, seed)
         first = base if first is None else first
         node = max(gain, key=gain.get)
         if gain[node] <= margin:
             break
-        total = without(total, parts.pop(node))
+        total = without(total, parts[node])
+        remaining.remove(node)
         left.append(node)
         gains.append(gain[node])
     return LeaveOutCheck(first if first is not None else 0.0, left, gains)
