@@ -1,7 +1,8 @@
 # The README's two commands. Both build .venv on first use (offline-safe: only the
 # package registry is needed) and pass ARGS through.
 #   make run  ARGS="--run-config \"head='softmax'\""   (VERBOSE=1: Flower's and Ray's log too)
-#   make test ARGS="-k partition"   (WORKERS=0: in this process, no pytest-xdist)
+#   make test ARGS="-k partition"   (WORKERS=0: in this process, no pytest-xdist; ends with the
+#                                    15 slowest tests)
 #   make test-fast                  the in-process tests only: the edit loop
 #   make docker-images              the compose demo's images (docs/docker.md)
 #   make test-docker                the compose demo end to end (needs a docker engine)
@@ -11,10 +12,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NUM_SUPERNODES ?= 100
 # pytest-xdist workers; the e2e tests start first and wait on Flower much of the time, so a
-# third worker keeps both cores busy (tests/conftest.py)
+# third worker keeps both cores busy; tests/scheduling.py hands out the tests (loadgroup: the
+# scenarios of a shared federation on one worker)
 WORKERS ?= 3
 FAST_WORKERS ?= 2
-xdist = -n $(1) $(if $(filter 0,$(1)),,--maxschedchunk 1)
+xdist = -n $(1) $(if $(filter 0,$(1)),,--dist loadgroup)
 
 .PHONY: run test test-fast test-docker docker-images install clean
 
@@ -36,7 +38,7 @@ run: $(STAMP)
 	@$(PY) -m ovalp_flwr.ops.launch --num-supernodes $(NUM_SUPERNODES) $(if $(VERBOSE),--verbose) -- $(ARGS)
 
 test: $(STAMP)
-	@$(PY) -m pytest -q $(call xdist,$(WORKERS)) $(ARGS)
+	@$(PY) -m pytest -q $(call xdist,$(WORKERS)) --durations=15 $(ARGS)
 
 test-fast: $(STAMP)
 	@$(PY) -m pytest -q -m "not e2e" $(call xdist,$(FAST_WORKERS)) $(ARGS)

@@ -31,7 +31,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT))  # run as a script: the project's modules
 
 from ovalp_flwr.core.durable import replace_durably  # noqa: E402
-from ovalp_flwr.ops.launch import descendants  # noqa: E402
+from ovalp_flwr.ops.processes import descendants  # noqa: E402
 from ovalp_flwr.ops.ray_cluster import actor_placement, alive_nodes, local_cluster  # noqa: E402
 
 OUT = PROJECT / "benchmarks" / "results"

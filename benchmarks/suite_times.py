@@ -1,13 +1,16 @@
-"""Test count and seconds per test file, before and after a change, from two JUnit XML reports.
+"""Test count and seconds per test file from a JUnit XML report of `make test`, or before and
+after a change from two.
 
     make test ARGS="--junitxml=benchmarks/results/test_suite_after.xml"
+    python benchmarks/suite_times.py benchmarks/results/test_suite_after.xml  # docs/testing.md
     python benchmarks/suite_times.py benchmarks/results/test_suite_before.xml \
         benchmarks/results/test_suite_after.xml
 
-Test files that were renamed, merged or split between the two reports are one row
-(`SAME_TESTS`), so each row compares the same tests. Seconds are the sum of the tests' own
-durations (setup, call, teardown): under pytest-xdist several tests share the cores, so a
-file's seconds there are longer than alone, and the rows add up to more than the wall time.
+Seconds are the sum of the tests' own durations (setup, call, teardown): under pytest-xdist
+several tests share the cores, so a file's seconds there are longer than alone, and the rows
+add up to more than the wall time. A shared federation's start (tests/e2e.py) counts in the
+setup of the first test that uses it. Comparing two reports, test files that were renamed,
+merged or split between them are one row (`SAME_TESTS`), so each row compares the same tests.
 """
 
 from __future__ import annotations
@@ -80,17 +83,30 @@ def markdown(before: Path, after: Path) -> str:
     return "\n".join(lines)
 
 
+def one_report(report: Path) -> str:
+    """Per file: its tests and their seconds, slowest first; then the sum and pytest's wall."""
+    counts, seconds, wall = per_file(report)
+    lines = ["| file | tests | s |", "|---|---:|---:|"]
+    lines += [f"| {name} | {counts[name]} | {seconds[name]:.1f} |"
+              for name in sorted(counts, key=lambda name: -seconds[name])]
+    lines.append(f"| **all** | {sum(counts.values())} | {sum(seconds.values()):.0f} |")
+    lines.append(f"| **wall (pytest's own)** | | {wall:.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("before", type=Path, help="JUnit XML of the suite before the change")
-    parser.add_argument("after", type=Path, help="JUnit XML of the suite after it")
+    parser.add_argument("reports", type=Path, nargs="+",
+                        help="one JUnit XML of the suite, or two: before and after a change")
     args = parser.parse_args(argv)
-    for report in (args.before, args.after):
+    if len(args.reports) > 2:
+        parser.error(f"{len(args.reports)} reports are not allowed; give one, or two (before, after)")
+    for report in args.reports:
         if not report.is_file():
             print(f"error: {report} is not a file (make test ARGS=\"--junitxml={report}\")",
                   file=sys.stderr)
             return 2
-    print(markdown(args.before, args.after))
+    print(one_report(args.reports[0]) if len(args.reports) == 1 else markdown(*args.reports))
     return 0
 
 

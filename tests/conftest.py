@@ -1,31 +1,37 @@
-"""The test session: SIGTERM (a CI timeout, `kill`) stops it the way Ctrl-C does; the e2e tests
-start first, paired by length; one thread per worker; Flower's warnings in every test; the digits
-feature cache most tests run on.
+"""The test session: SIGTERM (a CI timeout, `kill`) stops it the way Ctrl-C does; the e2e units
+start first, longest first; one thread per worker; Flower's warnings in every test; the digits
+feature cache most tests run on; the shared federations of the e2e scenarios (tests/e2e.py).
 
 Python's default for SIGTERM is to die on the spot, leaving every SuperLink, SuperNode and
 Ray process that the running test started. As a KeyboardInterrupt it unwinds that test's
 `finally` blocks and fixtures, which stop them by PID, and pytest ends the session.
 
-`make test` runs the suite on pytest-xdist workers (Makefile), handing each one test at a time
-after a first two. The e2e tests start real Flower processes and spend much of their minutes
-waiting on Flower's polls (3 s each way), so they go first: started early, their waits overlap
-the in-process tests instead of trailing them. Each one's marker says about how long it takes
-in a full run (`@pytest.mark.e2e(seconds=...)`), so that the first two each worker gets add up
-to about the same (`start_order`). Each worker, and every process its tests start, computes on
-one thread: workers and Flower processes already fill both cores, and OpenMP threads that wait
-for a core of their own spin on it.
+`make test` runs the suite on pytest-xdist workers (Makefile, `--dist loadgroup`) with the
+scheduler of tests/scheduling.py. The e2e tests start real Flower processes and spend much of
+their time waiting on Flower's polls (3 s each way), so they go first: started early, their
+waits overlap the in-process tests instead of trailing them. Each one's marker says about how
+long it takes in a full run (`@pytest.mark.e2e(seconds=...)`); the scenarios that share a
+federation are one unit (their `xdist_group`), every other e2e test a unit of its own. Each
+worker, and every process its tests start, computes on one thread: workers and Flower processes
+already fill both cores, and OpenMP threads that wait for a core of their own spin on it.
 """
 
 import contextlib
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # before anything imports torch
     os.environ["OMP_NUM_THREADS"] = "1"
+
+from e2e import ray_federation, secure_deployment  # noqa: E402,F401 - the shared federations
+from scheduling import UNITS_ENV, LongestFirst, write_units  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +79,7 @@ def _stop_workers(signum: int, timeout: float = WORKERS_STOP_SECONDS) -> None:
     blocks and fixtures stop what it started), wait until every process their tests started
     is gone (at most `timeout`), then kill what is left by PID. Left to itself xdist would
     interrupt a worker after 5 s and kill it after 10: too soon for a deployment to stop."""
-    from ovalp_flwr.ops.launch import children, descendants, start_time
+    from ovalp_flwr.ops.processes import children, descendants, start_time
 
     workers = children(os.getpid())
     started = {pid: start_time(pid) for worker in workers for pid in descendants(worker)}
@@ -97,7 +103,14 @@ def _stop_workers(signum: int, timeout: float = WORKERS_STOP_SECONDS) -> None:
 def pytest_configure(config) -> None:
     if config.getoption("numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
         _xdist_workers.append(True)
+        # where the workers (started later, with this environment) write the e2e units
+        os.environ[UNITS_ENV] = str(Path(tempfile.mkdtemp(prefix="pytest-units-")) / "units.json")
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def pytest_unconfigure(config) -> None:
+    if _xdist_workers and (units := os.environ.pop(UNITS_ENV, None)):
+        shutil.rmtree(Path(units).parent, ignore_errors=True)
 
 
 def e2e_seconds(item) -> float | None:
@@ -106,30 +119,49 @@ def e2e_seconds(item) -> float | None:
     return None if marker is None else float(marker.kwargs.get("seconds", 60))
 
 
-def start_order(durations: list[float], workers: int) -> list[int]:
-    """Indices of `durations` in the order to start them on `workers` that each take their
-    first two at once and then one at a time (pytest-xdist's load scheduling with
-    `--maxschedchunk 1`): longest first, each worker's pair made of a long and a short one
-    (the longest with the 2w-th longest, ...), the rest longest first."""
-    by_length = sorted(range(len(durations)), key=lambda i: -durations[i])
-    paired = by_length[:2 * workers]
-    pairs = [(paired[k], paired[-1 - k]) for k in range(len(paired) // 2)]
-    return [i for pair in pairs for i in pair] + by_length[2 * workers:]
+def unit_of(item) -> str | None:
+    """The unit an e2e test is handed out in: its `xdist_group`'s name (a shared federation's),
+    else its own id; None for an in-process test (a unit of its own, not a long one)."""
+    if e2e_seconds(item) is None:
+        return None
+    marker = item.get_closest_marker("xdist_group")
+    if marker is None:
+        return item.nodeid
+    return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
     """The `docker` tests only when asked for (`pytest -m docker`: `.ci/run` runs them after the
-    suite, with a docker engine started). e2e tests first, in `start_order`; then the `slow`
-    in-process ones, then the rest, each in its file's order; so that no worker ends the
-    session alone on a long test."""
+    suite, with a docker engine started). e2e units first, longest first (their tests in file
+    order); then the `slow` in-process tests, then the rest, each in its file's order: so that
+    no worker ends the session alone on a long test."""
     if "docker" not in (config.getoption("markexpr", "") or ""):
         docker = [item for item in items if item.get_closest_marker("docker")]
         if docker:
             config.hook.pytest_deselected(items=docker)
             items[:] = [item for item in items if not item.get_closest_marker("docker")]
-    e2e = [item for item in items if e2e_seconds(item) is not None]
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))  # each worker collects
-    order = start_order([e2e_seconds(item) for item in e2e], workers)
-    rest = [item for item in items if e2e_seconds(item) is None]
+    units: dict[str, list] = {}
+    for item in items:
+        if (unit := unit_of(item)) is not None:
+            units.setdefault(unit, []).append(item)
+    e2e = sorted(units.values(), key=lambda unit: -sum(e2e_seconds(item) for item in unit))
+    rest = [item for item in items if unit_of(item) is None]
     rest.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
-    items[:] = [e2e[i] for i in order] + rest
+    items[:] = [item for unit in e2e for item in unit] + rest
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist tells the controller that collection finished
+def pytest_collection_finish(session) -> None:
+    """An xdist worker: each e2e test's unit, for the controller's scheduler."""
+    if (path := os.environ.get(UNITS_ENV)) and os.environ.get("PYTEST_XDIST_WORKER"):
+        write_units({item.nodeid: unit for item in session.items
+                     if (unit := unit_of(item)) is not None}, Path(path))
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, absent without it
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`: longest units first, one at a time (tests/scheduling.py)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return LongestFirst(config, log, Path(os.environ[UNITS_ENV]))

@@ -16,14 +16,11 @@ import pytest
 
 from ovalp_flwr.ops import certs, deploy
 from ovalp_flwr.federation.checkpoint import FILE as CHECKPOINT, read_checkpoint
-from ovalp_flwr.ops.launch import descendants
+from ovalp_flwr.ops.processes import descendants
 from ovalp_flwr.federation.local_grid import run_local
 from ovalp_flwr.personalize.store import read_model
 from ovalp_flwr.federation.results import read_summary
-from test_launch import left_behind  # tests/ is on sys.path under pytest
-
-pytestmark = pytest.mark.e2e  # each test: its seconds in a full run (conftest.py)
-
+from e2e import left_behind  # tests/ is on sys.path under pytest
 
 class AppProcesses(threading.Thread):
     """Which app executables ran under the server's runtime and under the nodes' runtimes."""
@@ -52,50 +49,48 @@ def wait_for_exit(process, timeout: float) -> int | None:
     return process.poll()
 
 
-@pytest.mark.e2e(seconds=280)
+# --- runs on the shared secure deployment (tests/e2e.py): TLS, node auth, nodes' own data ------
+
+
+@pytest.mark.xdist_group("deployment")
+@pytest.mark.e2e(seconds=90)
 def test_a_secure_deployment_of_nodes_with_their_own_data_runs_secagg_and_personalizes(
-        tmp_path, capfd, monkeypatch):
-    """`deploy --tls --node-dir`, the compose deployment on loopback: TLS + SuperNode
+        secure_deployment, capfd):
+    """The compose deployment on loopback (`deploy --tls --node-dir`): TLS + SuperNode
     authentication (a node whose key was never registered is refused), process isolation (the
     runtimes, not SuperLink/SuperNodes, run the apps), SuperNodes that each build and keep
     their own cache, the statistics under SecAgg+ (its key shares and masks survive a fresh
     ClientApp process per message: the mod's state lives in the node's context), a round, then
     the personalization phase on the nodes, each keeping its models in its own folder. Two
-    nodes: every property here is one of each node, or of a sum over more than one."""
-    flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
+    nodes: every property here is one of each node, or of a sum over more than one. The first
+    run of the `pixels` features on these nodes (so each builds its cache, shown below)."""
+    deployment, flwr_home = secure_deployment.deployment, secure_deployment.flwr_home
     logs = flwr_home / "deploy"
+    results = secure_deployment.root / "results"
     run_config = (f"encoder='pixels' num-server-rounds=1 partition='iid' run-name='deploy' "
-                  f"results-dir='{results}' feature-cache-dir='{tmp_path / 'server-cache'}' "
+                  f"results-dir='{results}' feature-cache-dir='{secure_deployment.root / 'server-cache'}' "
                   "statistics-aggregation='secagg+' personalize='ft' pft-epochs=2")
-    watchers, intruder_exit = [], []
-    run_app = deploy.run_app
-
-    def watched_run_app(deployment, app, flwr_args, console=None):
-        # before the run: a SuperNode whose key pair was never registered; the SuperLink refuses it
-        private, _ = certs.make_node_keys(deployment.certs, "intruder")
-        intruder = deploy.start_supernode(deployment, 2, 3, None, private_key=private,
-                                          register=False, log_stem="intruder")
-        intruder_exit.append(wait_for_exit(intruder.supernode, timeout=60))
-        intruder.stop()
-        deployment.nodes.remove(intruder)
-        watchers.append(AppProcesses(deployment.server_runtime.pid,
-                                     [node.runtime.pid for node in deployment.nodes]))
-        watchers[0].start()
-        try:
-            return run_app(deployment, app, flwr_args, console)
-        finally:
-            watchers[0].done.set()
-
-    monkeypatch.setattr(deploy, "run_app", watched_run_app)
-    code = deploy.main(["-n", "2", "--tls", "--node-dir", str(tmp_path / "node{i}"),
-                        "--flwr-home", str(flwr_home), "--", "--run-config", run_config])
+    # before the run: a SuperNode whose key pair was never registered; the SuperLink refuses it
+    private, _ = certs.make_node_keys(deployment.certs, "intruder")
+    intruder = deploy.start_supernode(deployment, 2, 3, None, private_key=private,
+                                      register=False, log_stem="intruder")
+    intruder_exit = wait_for_exit(intruder.supernode, timeout=60)
+    intruder.stop()
+    deployment.nodes.remove(intruder)
+    watcher = AppProcesses(deployment.server_runtime.pid,
+                           [node.runtime.pid for node in deployment.nodes])
+    watcher.start()
+    try:
+        code = secure_deployment.run(run_config)
+    finally:
+        watcher.done.set()
     out = capfd.readouterr().out
     assert code == 0, out[-3000:]
     # TLS: the connection trusts the CA; the unregistered node was refused, the others activated
     config = (flwr_home / "config.toml").read_text()
     assert "root-certificates" in config and "insecure" not in config
     intruder_log = (logs / "intruder.log").read_text(errors="replace")
-    assert intruder_exit[0] not in (None, 0), intruder_log[-2000:]
+    assert intruder_exit not in (None, 0), intruder_log[-2000:]
     assert "Failed to activate SuperNode" in intruder_log, intruder_log[-2000:]
     assert "SuperNode ID" not in intruder_log
     superlink_log = (logs / "superlink.log").read_text(errors="replace")
@@ -109,10 +104,10 @@ def test_a_secure_deployment_of_nodes_with_their_own_data_runs_secagg_and_person
                    for line in out.splitlines()), out[-3000:]
     assert out.splitlines()[-1].startswith("final accuracy ")
     # process isolation, as in compose: the runtimes, not SuperLink/SuperNodes, ran the apps
-    assert "flwr-serverapp" in watchers[0].seen["server"], watchers[0].seen
+    assert "flwr-serverapp" in watcher.seen["server"], watcher.seen
     # the nodes' runtimes fork each ClientApp (ops/clientapp_runtime.py): a child of theirs
     # per message, which logs as flwr-clientapp does (below)
-    assert watchers[0].seen["nodes"], watchers[0].seen
+    assert watcher.seen["nodes"], watcher.seen
     for i in range(2):
         log = (logs / f"supernode-{i}-clientapp.log").read_text(errors="replace")
         assert "Start `flwr-clientapp` process" in log
@@ -126,7 +121,7 @@ def test_a_secure_deployment_of_nodes_with_their_own_data_runs_secagg_and_person
     assert summary["head_init"]["clients_sent"] == 2 and summary["initial_accuracy"] > 0.85
     assert summary["head_init"]["aggregation"] == "secagg+"
     for i in range(2):  # each SuperNode built and kept its own cache and rows
-        cache = tmp_path / f"node{i}" / "cache"
+        cache = secure_deployment.node_dir(i) / "cache"
         assert (cache / "digits__pixels" / "manifest.json").exists()
         assert len(list((cache / ".rows").rglob("*.safetensors"))) == 1
     # the personalization phase ran on the real nodes; each keeps its model in its own dir.
@@ -138,11 +133,36 @@ def test_a_secure_deployment_of_nodes_with_their_own_data_runs_secagg_and_person
     assert all(len(result["clients"]) == 2 for result in phase["methods"].values())
     assert phase["methods"]["ft"]["summary"]["local"] >= 0.5
     for i in range(2):
-        arrays, metadata = read_model(tmp_path / f"node{i}" / "models" / "deploy"
+        arrays, metadata = read_model(secure_deployment.node_dir(i) / "models" / "deploy"
                                       / "ft.safetensors")
         assert (metadata["partition-id"], metadata["method"]) == (str(i), "ft")
         assert arrays["weight"].shape == (10, 64)
-    assert left_behind(flwr_home) == set(), "the deployment left processes behind"
+    assert secure_deployment.left_behind() == set(), "the run left processes behind"
+
+
+@pytest.mark.xdist_group("deployment")
+@pytest.mark.e2e(seconds=70)
+def test_flora_fine_tunes_an_encoder_on_real_supernodes(secure_deployment, capfd):
+    """The encoder path on real processes: every message a fresh ClientApp process, so FLoRA's
+    merged update lives only in the node's context state, which the SuperNode keeps. One of
+    two nodes trains per round: in 3 rounds one of them trains again from its kept state."""
+    results = secure_deployment.root / "results"
+    code = secure_deployment.run(
+        f"finetune='flora' encoder='tiny-cnn' head-init='random' drift-correction='none' "
+        f"limit-per-class=12 num-server-rounds=3 local-epochs=1 batch-size=8 partition='iid' "
+        f"fraction-train=0.5 run-name='flora' results-dir='{results}'")
+    out = capfd.readouterr().out
+    assert code == 0, out[-3000:]
+    summary = json.loads((results / "flora" / "summary.json").read_text())
+    assert summary["finetune"]["method"] == "flora"
+    rounds = summary["rounds"]
+    assert [r["clients_trained"] for r in rounds] == [1, 1, 1]
+    assert all(not r["clients_failed"] and not r["clients_rejected"] for r in rounds)
+    assert rounds[1]["bytes_sent_per_client"] > rounds[0]["bytes_sent_per_client"]
+    assert secure_deployment.left_behind() == set(), "the run left processes behind"
+
+
+# --- faults and a late node on real deployments of their own --------------------------------------
 
 
 def wait_for(path, pattern: str, timeout: float = 300.0) -> None:
@@ -152,9 +172,6 @@ def wait_for(path, pattern: str, timeout: float = 300.0) -> None:
             return
         time.sleep(0.5)
     raise TimeoutError(f"{pattern!r} did not appear in {path} within {timeout:.0f} s")
-
-
-# --- faults and a late node on a real deployment -------------------------------------------------
 
 
 def signal_apps(node: deploy.Node, signum: int) -> None:
@@ -202,13 +219,14 @@ def serverapp_pids(deployment: deploy.Deployment) -> list[int]:
 @pytest.mark.e2e(seconds=250)
 def test_a_run_survives_its_serverapp_killed_and_its_superlink_restarted(tmp_path, capfd):
     """Killed after its round-1 checkpoint, resumed; the SuperLink restarted (same
-    `--database`) after round 3, resumed again: the same rounds as the run uninterrupted. Two
-    SuperNodes: each resume describes the federation again, a message per node. (Resume is
+    `--database`) after round 2, resumed again: the same rounds as the run uninterrupted. Two
+    SuperNodes: each resume describes the federation again, a message per node. Processes of
+    its own: a SuperLink it restarts, a ServerApp it kills. (Resume is
     the same code under every runtime: this is its `flwr run` test. The set-up with feature
     normalisation's own exchange, and the digest a resume checks, are in
     tests/test_checkpoint.py; on real nodes in the secure deployment.)"""
     flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
-    options = {"encoder": "pixels", "num-server-rounds": 4, "partition": "shard",
+    options = {"encoder": "pixels", "num-server-rounds": 3, "partition": "shard",
                "feature-norm": "none",  # set-up in one exchange: 3 runs set up
                "feature-cache-dir": str(tmp_path / "cache"), "results-dir": str(results)}
     run_config = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
@@ -223,7 +241,7 @@ def test_a_run_survives_its_serverapp_killed_and_its_superlink_restarted(tmp_pat
         # at once, as a supervisor would: the SuperLink notices the dead run only after its
         # heartbeats stop (minutes), and the new run does not wait for that
         second = start_run(deployment, run_config + " resume=true", outcomes[1])
-        wait_for_round(run_dir, 3)
+        wait_for_round(run_dir, 2)
         deploy.restart_superlink(deployment)
         third = start_run(deployment, run_config + " resume=true", outcomes[2])
         third.join(timeout=600)
@@ -234,7 +252,7 @@ def test_a_run_survives_its_serverapp_killed_and_its_superlink_restarted(tmp_pat
     assert f"resume: going on from round 1 of {run_dir}" in capfd.readouterr().out
     resumed = read_summary(run_dir)
     assert [r["round"] for r in resumed["resumes"]][:1] == [1]
-    assert resumed["resumes"][-1]["round"] >= 3
+    assert resumed["resumes"][-1]["round"] >= 2
     whole = read_summary(run_local({**options, "run-name": "whole"}, 2))
     assert [(r["accuracy"], r["train_loss"]) for r in resumed["rounds"]] == \
         [(r["accuracy"], r["train_loss"]) for r in whole["rounds"]]
@@ -263,7 +281,9 @@ def test_faulty_and_late_supernodes_leave_the_run_to_the_others(tmp_path, capfd)
       then): admitted from the next round and trained in every round from then on; the heads
       started without it.
     No feature normalisation: the set-up is one exchange (describe, with the statistics).
-    The assertions allow for a busy machine, where a round can time out a slow node too."""
+    The assertions allow for a busy machine, where a round can time out a slow node too.
+    Processes of its own: nodes it freezes, kills and starts late, under an isolation no other
+    deployment here uses."""
     flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
     logs = flwr_home / "deploy"
     run_config = (f"encoder='pixels' num-server-rounds=5 partition='iid' run-name='faults' "
@@ -325,32 +345,6 @@ def test_faulty_and_late_supernodes_leave_the_run_to_the_others(tmp_path, capfd)
     assert left_behind(flwr_home) == set()
 
 
-# --- nodes that train an encoder ----------------------------------------------------------------
-
-
-@pytest.mark.e2e(seconds=110)
-def test_flora_fine_tunes_an_encoder_on_real_supernodes(tmp_path, capfd):
-    """The encoder path on real processes: every message a fresh ClientApp process, so FLoRA's
-    merged update lives only in the node's context state, which the SuperNode keeps. One of
-    two nodes trains per round: in 3 rounds one of them trains again from its kept state."""
-    flwr_home, results = tmp_path / "flwr-home", tmp_path / "results"
-    run_config = (f"finetune='flora' encoder='tiny-cnn' head-init='random' "
-                  f"drift-correction='none' limit-per-class=12 num-server-rounds=3 local-epochs=1 "
-                  f"batch-size=8 partition='iid' fraction-train=0.5 run-name='flora' "
-                  f"results-dir='{results}'")
-    code = deploy.main(["-n", "2", "--flwr-home", str(flwr_home), "--", "--run-config",
-                        run_config])
-    out = capfd.readouterr().out
-    assert code == 0, out[-3000:]
-    summary = json.loads((results / "flora" / "summary.json").read_text())
-    assert summary["finetune"]["method"] == "flora"
-    rounds = summary["rounds"]
-    assert [r["clients_trained"] for r in rounds] == [1, 1, 1]
-    assert all(not r["clients_failed"] and not r["clients_rejected"] for r in rounds)
-    assert rounds[1]["bytes_sent_per_client"] > rounds[0]["bytes_sent_per_client"]
-    assert left_behind(flwr_home) == set(), "the deployment left processes behind"
-
-
 def test_a_deployment_starts_from_a_fresh_superlink_state(tmp_path):
     """The last deployment's SuperNodes would still look online in its state."""
     database = tmp_path / "deploy" / "state.db"
@@ -360,3 +354,22 @@ def test_a_deployment_starts_from_a_fresh_superlink_state(tmp_path):
     (database.parent / "superlink.log").write_text("kept")
     assert deploy.fresh_state(database) == database
     assert sorted(p.name for p in database.parent.iterdir()) == ["superlink.log"]
+
+
+def test_a_run_of_the_encoder_path_gets_runtimes_that_preload_its_libraries(monkeypatch):
+    """`deploy` reads the run's `finetune`: a FLoRA run's nodes fork their ClientApps from a
+    process that has imported timm, peft and sklearn's datasets (ops/clientapp_runtime.py)."""
+    from ovalp_flwr.ops import clientapp_runtime
+
+    flora = ["--run-config", "finetune='flora' encoder='tiny-cnn'"]
+    assert deploy.runs_encoder_path(deploy.PROJECT, flora)
+    assert not deploy.runs_encoder_path(deploy.PROJECT, ["--run-config", "num-server-rounds=2"])
+    assert not deploy.runs_encoder_path(deploy.PROJECT / "benchmarks" / "floor_app", flora)
+    command = deploy.warm_runtime_command("127.0.0.1:9094", encoder_path=True)
+    assert command[-1] == "--preload-encoder-path"
+    assert "--preload-encoder-path" not in deploy.warm_runtime_command("127.0.0.1:9094")
+    started = []
+    monkeypatch.setattr(clientapp_runtime, "run", lambda *args: started.append(args))
+    clientapp_runtime.main(command[3:])  # after `python -m ovalp_flwr.ops.clientapp_runtime`
+    assert started == [("127.0.0.1:9094", None, False, True)]
+

@@ -1,7 +1,7 @@
-"""The launcher `make run` uses: real `flwr run`s on Ray virtual SuperNodes (e2e), the app folder
-Flower packs, and SIGTERM to a test session or a CLI stopping what it started, by PID."""
+"""The launcher `make run` uses: real `flwr run`s on Ray virtual SuperNodes (e2e: `make run`'s own
+path, then scenarios on the shared Ray federation of tests/e2e.py), the app folder Flower packs,
+and SIGTERM to a test session or a CLI stopping what it started, by PID."""
 
-import contextlib
 import json
 import os
 import signal
@@ -12,35 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from ovalp_flwr.ops import launch
+from ovalp_flwr.ops import launch, processes
 from ovalp_flwr.features.cache import load_or_build
-from ovalp_flwr.ops.launch import _alive, _exit_on_sigterm, sigterm_unwinds
+from ovalp_flwr.ops.processes import _exit_on_sigterm, alive, sigterm_unwinds
 from ovalp_flwr.federation.local_grid import run_local
 from ovalp_flwr.federation.results import read_summary
-
-
-def processes_of(flwr_home: Path) -> set[int]:
-    """Live processes started for one run: they all inherit its FLWR_HOME.
-
-    Matching on the environment (not on names) keeps concurrent Flower runs on the same
-    machine out of the count.
-    """
-    marker = f"FLWR_HOME={flwr_home}".encode()
-    found = set()
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        pid = int(environ.parent.name)
-        with contextlib.suppress(OSError):
-            if marker in environ.read_bytes().split(b"\0") and launch._alive(pid):
-                found.add(pid)
-    return found - {os.getpid()}
-
-
-def left_behind(flwr_home: Path, grace: float = 10.0) -> set[int]:
-    """Our processes still alive after `grace` seconds (exiting ones get time to go)."""
-    deadline = time.monotonic() + grace
-    while (alive := processes_of(flwr_home)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return alive
+from e2e import left_behind  # tests/ is on sys.path under pytest
 
 
 # what a run prints by default (README, "What a run prints"): a line per round and at most
@@ -48,11 +25,17 @@ def left_behind(flwr_home: Path, grace: float = 10.0) -> set[int]:
 LINES_BESIDES_ROUNDS = 12
 
 
+def run_config_arg(options: dict) -> str:
+    return " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in options.items())
+
+
 @pytest.mark.e2e(seconds=60)
 def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd, monkeypatch):
-    """Partition 1 sends NaN in every train reply (`OVALP_CHAOS`, here and in process): the
-    server rejects them on Ray as in process. (Resuming through `flwr run`: on real SuperNodes,
-    tests/test_deploy.py; the checkpoint itself, tests/test_checkpoint.py.)"""
+    """`make run`'s path, so on processes of its own: the launcher starts its SuperLink, the
+    simulation its Ray, and all of it is gone after the run. Partition 1 sends NaN in every
+    train reply (`OVALP_CHAOS`, here and in process): the server rejects them on Ray as in
+    process. (Resuming through `flwr run`: on real SuperNodes, tests/test_deploy.py; the
+    checkpoint itself, tests/test_checkpoint.py.)"""
     monkeypatch.setenv("OVALP_CHAOS", "nan@1")
     cache_dir, results_dir = tmp_path / "cache", tmp_path / "results"
     load_or_build("digits", "pixels", cache_dir, progress=False)
@@ -89,16 +72,6 @@ def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd, monke
     assert (flwr_home / "config.toml").exists()
 
 
-def ray_processes_under(temp_dir: Path) -> set[int]:
-    """Live processes of a Ray whose temp dir is `temp_dir` (it is on their command lines)."""
-    found = set()
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
-            if str(temp_dir).encode() in cmdline.read_bytes() and launch._alive(int(cmdline.parent.name)):
-                found.add(int(cmdline.parent.name))
-    return found
-
-
 def test_a_ray_address_that_is_not_host_port_is_refused_with_one_line(capsys):
     with pytest.raises(SystemExit) as exit_:
         launch.main(["--ray-address", "head-node", "--num-supernodes", "2"])
@@ -108,43 +81,22 @@ def test_a_ray_address_that_is_not_host_port_is_refused_with_one_line(capsys):
     assert launch.flower_env(Path("/tmp/x"), "10.0.0.5:6379")["RAY_ADDRESS"] == "10.0.0.5:6379"
 
 
-@pytest.mark.e2e(seconds=60)
-def test_flwr_run_on_a_two_raylet_ray_cluster_uses_both_and_matches_in_process(tmp_path, capfd):
-    """`--ray-address`: the simulation joins an existing Ray cluster (a head and a second raylet
-    started with `ray start`, the stand-in of two machines); each raylet hosts a ClientApp actor,
-    the run is the in-process run, and everything started is stopped by PID."""
-    from ovalp_flwr.ops.ray_cluster import actor_placement, alive_nodes, local_cluster
-
-    cache_dir, results_dir = tmp_path / "cache", tmp_path / "results"
-    load_or_build("digits", "pixels", cache_dir, progress=False)
-    options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir),
-               "results-dir": str(results_dir), "num-server-rounds": 2, "partition": "shard"}
-    run_config = " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={v}"
-                          for k, v in {**options, "run-name": "cluster"}.items())
-    flwr_home = tmp_path / "flwr-home"
-    with local_cluster(nodes=2, cpus_per_node=1) as cluster:
-        assert len(alive_nodes(cluster.address)) == 2
-        code = launch.main(["--num-supernodes", "6", "--num-gpus", "0", "--flwr-home",
-                            str(flwr_home), "--ray-address", cluster.address, "--",
-                            "--run-config", run_config])
-        placement = actor_placement(cluster.address)
-    assert code == 0, capfd.readouterr().out
-    assert len(placement) == 2 and all(count >= 1 for count in placement.values()), placement
-    on_ray = read_summary(results_dir / "cluster")
-    local = read_summary(run_local({**options, "run-name": "local"}, 6))
-    assert [local["initial_accuracy"], *(r["accuracy"] for r in local["rounds"])] == \
-        [on_ray["initial_accuracy"], *(r["accuracy"] for r in on_ray["rounds"])]
-    assert [r["train_loss"] for r in local["rounds"]] == [r["train_loss"] for r in on_ray["rounds"]]
-    assert left_behind(flwr_home) == set(), "the run left Flower processes behind"
-    assert ray_processes_under(cluster.temp_dir) == set(), "the cluster's processes outlived it"
+# --- runs on the shared Ray federation (tests/e2e.py): two raylets, one simulation SuperLink ----
 
 
+@pytest.mark.xdist_group("ray")
 @pytest.mark.e2e(seconds=55)
-def test_flwr_run_personalizes_with_every_method_as_the_in_process_runner_does(tmp_path, capfd):
-    """Personalization through `flwr run` on Ray: per-client and summary metrics for every
-    method, identical to the in-process runner's for the same seed."""
+def test_flwr_run_on_two_raylets_personalizes_with_every_method_as_in_process(
+        ray_federation, tmp_path, capfd):
+    """A run joins the Ray cluster its SuperLink was pointed at (two raylets, the stand-in of
+    two machines; `--ray-address`): each raylet hosts a ClientApp actor of this run. Its
+    rounds, and the personalization after them with every method (per-client and summary
+    metrics), are the in-process runner's for the same seed."""
+    from ovalp_flwr.ops.ray_cluster import actor_placement, alive_nodes
     from ovalp_flwr.personalize import METHODS
 
+    address = ray_federation.cluster.address
+    assert len(alive_nodes(address)) == 2
     cache_dir, results_dir = tmp_path / "cache", tmp_path / "results"
     load_or_build("digits", "pixels", cache_dir, progress=False)
     options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir),
@@ -152,29 +104,36 @@ def test_flwr_run_personalizes_with_every_method_as_the_in_process_runner_does(t
                "head-init": "random", "partition": "bernoulli-dirichlet", "dirichlet-p": 1.0,
                "dirichlet-alpha": 0.1, "personalize": " ".join(METHODS), "pft-epochs": 3,
                "personalize-curve": "1", "pft.lp-ft.lp-epochs": 1}
-    run_config = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                          for k, v in {**options, "run-name": "pft"}.items())
-    flwr_home = tmp_path / "flwr-home"
-    code = launch.simulate(launch.PROJECT, num_supernodes=4, flwr_home=flwr_home,
-                           flwr_args=["--run-config", run_config], num_gpus=0.0)
+    before = actor_placement(address)
+    code = launch.simulate_on(launch.PROJECT, 4, ["--run-config", run_config_arg(
+        {**options, "run-name": "pft"})], ray_federation.flwr_home, num_gpus=0.0)
     output = capfd.readouterr().out.splitlines()
     assert code == 0, "\n".join(output)
+    after = actor_placement(address)
+    this_run = {node: after[node] - before.get(node, 0) for node in after}
+    assert len(this_run) == 2 and all(count >= 1 for count in this_run.values()), this_run
     said = [line.split()[1] for line in output if line.startswith("personalize ")]
     assert said == ["global", *METHODS], "\n".join(output)
-    flwr = read_summary(results_dir / "pft")["personalization"]
-    local = read_summary(run_local({**options, "run-name": "local"}, 4))["personalization"]
+    on_ray = read_summary(results_dir / "pft")
+    local = read_summary(run_local({**options, "run-name": "local"}, 4))
+    assert [local["initial_accuracy"], *(r["accuracy"] for r in local["rounds"])] == \
+        [on_ray["initial_accuracy"], *(r["accuracy"] for r in on_ray["rounds"])]
+    assert [r["train_loss"] for r in local["rounds"]] == [r["train_loss"] for r in on_ray["rounds"]]
+    flwr, mine = on_ray["personalization"], local["personalization"]
     assert list(flwr["methods"]) == ["global", *METHODS]
     for method, result in flwr["methods"].items():
         assert len(result["clients"]) == 4
-        mine = local["methods"][method]
-        assert result["summary"] == mine["summary"], method
+        assert result["summary"] == mine["methods"][method]["summary"], method
         assert [{k: v for k, v in row.items() if k != "seconds"} for row in result["clients"]] \
-            == [{k: v for k, v in row.items() if k != "seconds"} for row in mine["clients"]]
-    assert left_behind(flwr_home) == set(), "the run left Flower/Ray processes behind"
+            == [{k: v for k, v in row.items() if k != "seconds"}
+                for row in mine["methods"][method]["clients"]]
+    assert ray_federation.left_behind() == set(), "the run left Flower processes behind"
 
 
-@pytest.mark.e2e(seconds=85)
-def test_flwr_run_trains_flora_on_ray_as_the_in_process_runner_does(tmp_path, capfd):
+@pytest.mark.xdist_group("ray")
+@pytest.mark.e2e(seconds=45)
+def test_flwr_run_trains_flora_on_ray_as_the_in_process_runner_does(ray_federation, tmp_path,
+                                                                     capfd):
     """FLoRA keeps each node's merged update in its context state: on Ray's virtual nodes the
     run is the in-process one, bit for bit (a tiny random encoder, raw digits)."""
     results_dir = tmp_path / "results"
@@ -182,12 +141,9 @@ def test_flwr_run_trains_flora_on_ray_as_the_in_process_runner_does(tmp_path, ca
                 "drift-correction": "none", "limit-per-class": 12, "num-server-rounds": 3,
                 "local-epochs": 1, "batch-size": 8, "partition": "shard",
                 "classes-per-client": 3, "fraction-train": 0.5}
-    run_config = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                          for k, v in settings.items())
-    run_config += f" results-dir='{results_dir}' run-name='ray'"
-    flwr_home = tmp_path / "flwr-home"
-    code = launch.simulate(launch.PROJECT, num_supernodes=4, flwr_home=flwr_home,
-                           flwr_args=["--run-config", run_config], num_gpus=0.0)
+    run_config = run_config_arg(settings) + f" results-dir='{results_dir}' run-name='ray'"
+    code = launch.simulate_on(launch.PROJECT, 4, ["--run-config", run_config],
+                              ray_federation.flwr_home, num_gpus=0.0)
     output = capfd.readouterr().out
     assert code == 0, output[-3000:]
     ray = read_summary(results_dir / "ray")
@@ -197,33 +153,36 @@ def test_flwr_run_trains_flora_on_ray_as_the_in_process_runner_does(tmp_path, ca
     assert [(r["accuracy"], r["train_loss"], r["bytes_sent_per_client"]) for r in ray["rounds"]] == \
         [(r["accuracy"], r["train_loss"], r["bytes_sent_per_client"]) for r in local["rounds"]]
     assert ray["rounds"][1]["bytes_sent_per_client"] > ray["rounds"][0]["bytes_sent_per_client"]
-    assert left_behind(flwr_home) == set(), "the run left Flower/Ray processes behind"
+    assert ray_federation.left_behind() == set(), "the run left Flower processes behind"
 
 
-@pytest.mark.e2e(seconds=35)
-def test_flwr_run_with_a_bad_config_fails_with_one_line(tmp_path, capfd):
-    flwr_home = tmp_path / "flwr-home"
-    code = launch.simulate(launch.PROJECT, num_supernodes=2, flwr_home=flwr_home,
-                           flwr_args=["--run-config", "head='mlp'"], num_gpus=0.0)
+@pytest.mark.xdist_group("ray")
+@pytest.mark.e2e(seconds=20)
+def test_flwr_run_with_a_bad_config_fails_with_one_line(ray_federation, capfd):
+    """A config the ServerApp refuses (`simulate_on` skips the launcher's own check): one line,
+    no traceback, and the run's processes gone."""
+    code = launch.simulate_on(launch.PROJECT, 2, ["--run-config", "head='mlp'"],
+                              ray_federation.flwr_home, num_gpus=0.0)
     output = capfd.readouterr().out
     assert code != 0
     assert "run config: head='mlp' is not allowed; choose one of: ova, softmax" in output
     assert "Traceback" not in output
-    assert left_behind(flwr_home) == set()
+    assert ray_federation.left_behind() == set()
 
 
-@pytest.mark.e2e(seconds=10)
-def test_a_run_flower_refuses_shows_the_cause_from_the_superlinks_log(tmp_path, capfd):
-    """Past the launcher's own checks (here: `simulate` called directly), Flower's refusal
-    `[code: 15] Invalid run configuration.` comes with its cause, read from the SuperLink's log."""
-    flwr_home = tmp_path / "flwr-home"
-    code = launch.simulate(launch.PROJECT, num_supernodes=2, flwr_home=flwr_home,
-                           flwr_args=["--run-config", "heads='ova'"], num_gpus=0.0)
+@pytest.mark.xdist_group("ray")
+@pytest.mark.e2e(seconds=5)
+def test_a_run_flower_refuses_shows_the_cause_from_the_superlinks_log(ray_federation, capfd):
+    """Past the launcher's own checks, Flower's refusal `[code: 15] Invalid run configuration.`
+    comes with its cause, read from what the SuperLink logged since the run was submitted."""
+    flwr_home = ray_federation.flwr_home
+    code = launch.simulate_on(launch.PROJECT, 2, ["--run-config", "heads='ova'"], flwr_home,
+                              num_gpus=0.0)
     output = capfd.readouterr().out
     assert code != 0
     assert ("error: Could not start run: Key 'heads' is not present in the main dictionary "
             f"(from {flwr_home / 'superlink.log'})") in output
-    assert left_behind(flwr_home) == set()
+    assert ray_federation.left_behind() == set()
 
 
 # --- SIGTERM stops what a test session or a CLI started, by PID ---------------------------------
@@ -236,7 +195,7 @@ PROJECT = TESTS.parent
 STARTS_A_PROCESS = """\
 import subprocess, time
 from pathlib import Path
-from ovalp_flwr.ops.launch import stop_group
+from ovalp_flwr.ops.processes import stop_group
 
 CLEAN_UP = {clean_up}
 
@@ -274,10 +233,10 @@ def _term_pytest_mid_test(tmp_path: Path, *plugin: str, clean_up: float = 0.0
         return session.wait(timeout=90), child
     finally:
         if session.poll() is None:
-            workers = launch.descendants(session.pid)
+            workers = processes.descendants(session.pid)
             session.kill()
             session.wait()
-            launch._signal(workers, signal.SIGKILL)
+            processes.signal_all(workers, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("xdist", [(), ("-n", "1")], ids=["one-process", "xdist"])
@@ -289,9 +248,9 @@ def test_sigterm_to_the_test_session_stops_what_the_running_test_started(tmp_pat
                                         clean_up=8.0 if xdist else 0.0)
     try:
         assert code == 2  # pytest: interrupted
-        assert not _alive(child)
+        assert not alive(child)
     finally:
-        if _alive(child):
+        if alive(child):
             os.kill(child, signal.SIGKILL)
 
 
@@ -300,7 +259,7 @@ def test_without_the_session_handler_sigterm_leaves_the_process_behind(tmp_path)
     code, child = _term_pytest_mid_test(tmp_path)
     try:
         assert code == -signal.SIGTERM
-        assert _alive(child)
+        assert alive(child)
     finally:
         os.kill(child, signal.SIGKILL)
 

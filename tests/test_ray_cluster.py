@@ -1,5 +1,7 @@
-"""The stand-in Ray cluster's commands (its run on two raylets: tests/test_launch.py, e2e)."""
+"""The stand-in Ray cluster's commands and queries (its runs on two raylets: tests/e2e.py and
+tests/test_launch.py, e2e)."""
 
+import subprocess
 import sys
 
 import pytest
@@ -64,3 +66,24 @@ def test_a_cluster_of_no_nodes_is_refused():
     with pytest.raises(ValueError, match="nodes=0, cpus_per_node=1 are not allowed"):
         with local_cluster(0):
             pass
+
+
+def test_a_query_finds_its_answer_among_the_lines_ray_prints_after_it(monkeypatch):
+    """Under the full suite's load a raylet's log line followed the answer on stdout, and the
+    query took that line for its answer."""
+    raylet_line = ("[2026-11-28 00:29:07,451 I 25897 25897] (raylet) worker_pool.cc:742: Job "
+                   "05000000 already started in worker pool.")
+    scripts = []
+
+    def run(command, **_kwargs):
+        scripts.append(command[-1])
+        return subprocess.CompletedProcess(command, 0, stderr="",
+                                           stdout=f'{ray_cluster.ANSWER}["n1", "n2"]\n{raylet_line}\n')
+
+    monkeypatch.setattr(ray_cluster.subprocess, "run", run)
+    assert ray_cluster.alive_nodes("127.0.0.1:6379") == ["n1", "n2"]
+    assert "ray.init(address='127.0.0.1:6379'" in scripts[0] and "answer(" in scripts[0]
+    monkeypatch.setattr(ray_cluster.subprocess, "run", lambda command, **_: subprocess.CompletedProcess(
+        command, 0, stdout=raylet_line + "\n", stderr="connection refused"))
+    with pytest.raises(RuntimeError, match="(?s)ray query on 127.0.0.1:6379 failed.*refused"):
+        ray_cluster.alive_nodes("127.0.0.1:6379")

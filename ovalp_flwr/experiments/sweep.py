@@ -41,7 +41,7 @@ from typing import Any
 from ovalp_flwr.config import NOT_PART_OF_THE_RESULT, ConfigError, RunConfig
 from ovalp_flwr.ops import launch
 from ovalp_flwr.ops.console import quiet_flower
-from ovalp_flwr.ops.launch import sigterm_unwinds
+from ovalp_flwr.ops.processes import sigterm_unwinds
 from ovalp_flwr.federation.results import read_summary
 
 PAPER_SEEDS = (0, 42, 777, 1337, 15254)

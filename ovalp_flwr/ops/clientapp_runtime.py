@@ -14,6 +14,10 @@ importtime -c "import client_app"`: torch alone 1 s), on a machine where three n
 cores. The app's `client_app.py` itself is still imported in the child, from the FAB Flower
 installed for the run, so the code that runs is the run's.
 
+With `--preload-encoder-path` it also imports the encoder path's libraries (timm, peft, sklearn's
+datasets): a ClientApp of a FLoRA run spent 8-11 s of its CPU importing them, per message. A run
+of the default path never imports them, so a runtime that serves only such runs leaves them out.
+
 Other task types (and ClientApps when `--cold` is given) go to Flower's `flwr-*` processes
 unchanged. Its poll for tasks (Flower: every 1 s, `FLWR_SUPEREXEC_TASK_POLL_INTERVAL`) is
 `POLL_INTERVAL` unless that variable is set.
@@ -62,6 +66,9 @@ POLL_INTERVAL = 0.1  # s; Flower's default 1 s adds up to 1 s to every message
 # what a ClientApp process of this app imports (client_app.py's imports), loaded once here
 PRELOAD = ("flwr.supernode.runtime.run_clientapp", "flwr.clientapp", "ovalp_flwr.ova.client",
            "ovalp_flwr.finetune.client", "ovalp_flwr.federation.chaos")
+# what the encoder path (finetune != "none") imports on top, inside its functions: timm (through
+# its compat guard), peft and sklearn's datasets, 8-11 s of a ClientApp's CPU per message here
+ENCODER_PATH = ("ovalp_flwr.features.timm_compat", "peft", "sklearn.datasets")
 APP_PACKAGES = ("ovalp_flwr", "client_app", "server_app")  # the FAB's own: imported from it
 # a missing object is asked for again after 10 ms, doubling to at most 0.1 s (Flower: 1 s to
 # 10 s); no cap on tries, so Flower's bound on the time (PULL_MAX_TIME, 2 h) is the one that holds
@@ -74,9 +81,12 @@ def preload(modules: Sequence[str] = PRELOAD) -> None:
     modules: a child imports them again from the run's FAB (about 0.16 s here), as a fresh
     `flwr-clientapp` would, and only the third-party ones (torch, numpy, Flower) are shared.
     No torch op runs here: a parent with torch's thread pools started would hand them broken
-    to its children."""
+    to its children. With `ENCODER_PATH` in `modules`, timm is imported through its guard
+    (`timm_compat.import_timm`), whose stub, if it needs one, stays for the children."""
     for module in modules:
-        importlib.import_module(module)
+        imported = importlib.import_module(module)
+        if module == ENCODER_PATH[0]:
+            imported.import_timm()
     for name in [name for name in sys.modules if name.split(".")[0] in APP_PACKAGES]:
         del sys.modules[name]
 
@@ -164,11 +174,13 @@ class ForkingExecutor(SubprocessExecutor):
                 self.children.discard(pid)
 
 
-def run(runtime_api_address: str, root_certificates: str | None, cold: bool = False) -> None:
-    """Flower's SuperExec loop with the forking executor (blocks until stopped)."""
+def run(runtime_api_address: str, root_certificates: str | None, cold: bool = False,
+        encoder_path: bool = False) -> None:
+    """Flower's SuperExec loop with the forking executor (blocks until stopped).
+    `encoder_path`: the encoder path's libraries preloaded too (its runs' messages need them)."""
     os.environ.setdefault(TASK_POLL_ENV, str(POLL_INTERVAL))
     if not cold:
-        preload()
+        preload(PRELOAD + (ENCODER_PATH if encoder_path else ()))
     executor = ForkingExecutor(cold)
     # Flower's loop asks `get_executor` for its executor: hand it ours
     superexec.get_executor = lambda *_args, **_kwargs: executor
@@ -188,8 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                           help="CA certificate for TLS, as flower-superexec's")
     parser.add_argument("--cold", action="store_true",
                         help="start every ClientApp as a fresh flwr-clientapp process (Flower's way)")
+    parser.add_argument("--preload-encoder-path", action="store_true",
+                        help="also import what the encoder path (finetune) needs, before forking")
     args = parser.parse_args(argv)
-    run(args.runtime_api_address, args.root_certificates, args.cold)
+    run(args.runtime_api_address, args.root_certificates, args.cold, args.preload_encoder_path)
     return 0
 
 

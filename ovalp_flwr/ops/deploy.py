@@ -50,12 +50,10 @@ from ovalp_flwr.ops.launch import (
     flwr_cli,
     preflight,
     report_result,
-    sigterm_unwinds,
-    stop_group,
-    stop_groups,
     stream_flwr_run,
     write_connection,
 )
+from ovalp_flwr.ops.processes import sigterm_unwinds, stop_group, stop_groups
 from ovalp_flwr.ops.ports import free_port
 
 CONNECTION = "ovalp-deploy"
@@ -93,6 +91,7 @@ class Deployment:
     superlink_command: list[str] = field(default_factory=list)  # to start it again
     cwd: Path = PROJECT
     warm_clientapps: bool = True  # process isolation: ClientApps forked (clientapp_runtime)
+    encoder_path: bool = False  # ... from a process that has the encoder path's imports too
 
     @property
     def secure(self) -> bool:
@@ -166,11 +165,13 @@ def runtime_command(runtime_api_address: str, root_certificates: Path | None = N
     return [_bin("flower-superexec"), *security, "--runtime-api-address", runtime_api_address]
 
 
-def warm_runtime_command(runtime_api_address: str) -> list[str]:
+def warm_runtime_command(runtime_api_address: str, encoder_path: bool = False) -> list[str]:
     """`runtime_command` for a SuperNode, with ClientApps forked from a process that has
-    already imported them (`ovalp_flwr.ops.clientapp_runtime`): same flags, same tasks."""
+    already imported them (`ovalp_flwr.ops.clientapp_runtime`): same flags, same tasks;
+    `encoder_path`: the encoder path's imports too."""
     return [sys.executable, "-m", "ovalp_flwr.ops.clientapp_runtime", "--insecure",
-            "--runtime-api-address", runtime_api_address]
+            "--runtime-api-address", runtime_api_address,
+            *(["--preload-encoder-path"] if encoder_path else [])]
 
 
 def register_supernode(deployment: Deployment, public_key: Path) -> str:
@@ -211,8 +212,8 @@ def start_supernode(deployment: Deployment, partition_id: int, num_partitions: i
     deployment.nodes.append(node)
     if deployment.isolation == "process":
         address = f"127.0.0.1:{port}"
-        command = (warm_runtime_command(address) if deployment.warm_clientapps
-                   else runtime_command(address))
+        command = (warm_runtime_command(address, deployment.encoder_path)
+                   if deployment.warm_clientapps else runtime_command(address))
         node.runtime = _start(command, logs / f"{name}-clientapp.log", deployment.flwr_home, cwd)
     return node
 
@@ -231,8 +232,8 @@ def fresh_state(database: Path) -> Path:
 @contextlib.contextmanager
 def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None = None,
                      cwd: Path = PROJECT, secure: bool = False, isolation: str = DEFAULT_ISOLATION,
-                     num_partitions: int | None = None,
-                     warm_clientapps: bool = True) -> Iterator[Deployment]:
+                     num_partitions: int | None = None, warm_clientapps: bool = True,
+                     encoder_path: bool = False) -> Iterator[Deployment]:
     """SuperLink + N SuperNodes (+ their runtimes under process isolation); everything
     stopped on the way out, whatever happens.
 
@@ -241,7 +242,8 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
     (`start_supernode`). `warm_clientapps` (process isolation): each node's runtime forks its
     ClientApps from a process that has imported them (`ovalp_flwr.ops.clientapp_runtime`);
     False: Flower's `flower-superexec`, a fresh `flwr-clientapp` process with all its imports
-    per message.
+    per message. `encoder_path`: the forking processes import the encoder path's libraries too
+    (runs with `finetune` other than "none").
     """
     _check_isolation(isolation)
     flwr_home.mkdir(parents=True, exist_ok=True)
@@ -257,7 +259,7 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
     superlink = _start(command, log, flwr_home, cwd)
     deployment = Deployment(f"127.0.0.1:{port}", flwr_home, superlink, isolation, certs=certs,
                             superlink_command=command, cwd=cwd,
-                            warm_clientapps=warm_clientapps)
+                            warm_clientapps=warm_clientapps, encoder_path=encoder_path)
     try:
         _wait_for_port(port, superlink, log)
         if isolation == "process":
@@ -298,6 +300,14 @@ def run_app(deployment: Deployment, app: Path, flwr_args: Sequence[str],
         return stream_flwr_run(app, CONNECTION, deployment.flwr_home, list(flwr_args), console)
 
 
+def runs_encoder_path(app: Path, flwr_args: Sequence[str]) -> bool:
+    """Whether this app's run trains through the encoder (`finetune` other than "none"): its
+    nodes' runtimes then preload that path's libraries (`ops/clientapp_runtime.py`)."""
+    from ovalp_flwr.ops.preflight import fused_run_config, is_this_app  # late: as launch.preflight
+
+    return is_this_app(app) and fused_run_config(app, flwr_args).get("finetune", "none") != "none"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.ops.deploy",
                                      description=__doc__.split("\n\n")[0])
@@ -333,7 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with sigterm_unwinds(), local_deployment(args.num_supernodes, flwr_home,
                                              args.node_dir, args.app.resolve(), secure=args.tls,
                                              isolation=args.isolation,
-                                             warm_clientapps=not args.cold_clientapps) as deployment:
+                                             warm_clientapps=not args.cold_clientapps,
+                                             encoder_path=runs_encoder_path(args.app.resolve(),
+                                                                            flwr_args)) as deployment:
         code, final_line = run_app(deployment, args.app.resolve(), flwr_args, console)
     print(f"deployment of {args.num_supernodes} SuperNodes: {time.monotonic() - started:.0f} s")
     return report_result(code, final_line, console)

@@ -17,17 +17,17 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 from ovalp_flwr.ops.console import RunConsole, new_log_path, relative
 from ovalp_flwr.ops.ports import free_port
+from ovalp_flwr.ops.processes import sigterm_unwinds, stop_group
 from ovalp_flwr.federation.results import read_summary
 from ovalp_flwr.federation.single_run import iid_twin, summary_lines
 from ovalp_flwr.ops.timings import LineClock, write_clock
@@ -58,89 +58,6 @@ def flower_env(flwr_home: Path, ray_address: str | None = None) -> dict[str, str
 
 def _bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
-
-
-def _children() -> dict[int, list[int]]:
-    """Each live process's children (Linux /proc: the parent pid of every process)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return children
-
-
-def children(pid: int) -> list[int]:
-    """The live processes `pid` started itself."""
-    return _children().get(pid, [])
-
-
-def descendants(pid: int) -> list[int]:
-    """All live descendants of `pid` (Linux /proc), detached sessions included.
-
-    The SuperLink starts `flower-superexec` in a new session, which starts the simulation
-    and Ray; they are outside our process group but still in our process tree.
-    """
-    tree = _children()
-    found, frontier = [], [pid]
-    while frontier:
-        kids = tree.get(frontier.pop(), [])
-        found += kids
-        frontier += kids
-    return found
-
-
-def start_time(pid: int) -> int | None:
-    """When `pid` started (clock ticks since boot), None if it is gone or a zombie: with its PID,
-    it names one process, not whichever took the PID over later."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its parent to reap it counts as gone)."""
-    return start_time(pid) is not None
-
-
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
-def stop_group(process: subprocess.Popen, grace: float = 15.0) -> None:
-    """Stop `process`, its process group and every process it started, by PID.
-
-    SIGTERM first (Flower shuts its children down), SIGKILL for whatever is left.
-    """
-    stop_groups([process], grace)
-
-
-def stop_groups(processes: Sequence[subprocess.Popen], grace: float = 15.0) -> None:
-    """`stop_group` for several processes at once: all are signalled together and share one
-    grace period, instead of one each (a deployment's SuperLink, SuperNodes and runtimes)."""
-    trees = [pid for process in processes for pid in descendants(process.pid)]
-    for process in processes:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for process in processes:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-    _signal(trees, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(_alive(pid) for pid in trees) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for process in processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-    _signal([pid for pid in trees if _alive(pid)], signal.SIGKILL)
-    for process in processes:
-        process.wait()
 
 
 def _wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
@@ -202,24 +119,44 @@ def federation_config(num_supernodes: int, num_gpus: float) -> str:
 
 def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Path, num_gpus:
              float | None = None, verbose: bool = False, ray_address: str | None = None) -> int:
-    """Run the app on `num_supernodes` virtual SuperNodes (on the Ray cluster at `ray_address`).
+    """Run the app on `num_supernodes` virtual SuperNodes (on the Ray cluster at `ray_address`),
+    on a simulation SuperLink of its own, stopped with all it started once the run ends.
 
     Returns `flwr run`'s exit code, or 1 if the run printed no result line (a failed
     ServerApp still lets `flwr run --stream` exit 0).
     """
-    if num_gpus is None:
-        num_gpus = 0.25 if _has_cuda() else 0.0
+    console = _simulation_console(flwr_home, num_supernodes, verbose)
+    with simulation_superlink(flwr_home, cwd=app, ray_address=ray_address) as (_, address):
+        write_connection(flwr_home, CONNECTION, address)
+        code, final_line = stream_flwr_run(
+            app, CONNECTION, flwr_home, _simulation_args(num_supernodes, num_gpus, flwr_args),
+            console)
+    return report_result(code, final_line, console)
+
+
+def simulate_on(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Path,
+                num_gpus: float | None = None, verbose: bool = False) -> int:
+    """`simulate` on the simulation SuperLink already running for `flwr_home` (its connection
+    written): runs one after another share it, and its Ray, instead of starting both per run."""
+    console = _simulation_console(flwr_home, num_supernodes, verbose)
+    code, final_line = stream_flwr_run(
+        app, CONNECTION, flwr_home, _simulation_args(num_supernodes, num_gpus, flwr_args), console)
+    return report_result(code, final_line, console)
+
+
+def _simulation_console(flwr_home: Path, num_supernodes: int, verbose: bool) -> RunConsole:
     console = LineClock().attach(RunConsole(new_log_path(flwr_home), verbose))  # ops/timings.py
     console.also_search(flwr_home / "superlink.log")
     print(f"simulating {num_supernodes} SuperNodes; full log: {relative(console.log_path)}",
           flush=True)
-    with simulation_superlink(flwr_home, cwd=app, ray_address=ray_address) as (_, address):
-        write_connection(flwr_home, CONNECTION, address)
-        code, final_line = stream_flwr_run(
-            app, CONNECTION, flwr_home,
-            ["--federation-config", federation_config(num_supernodes, num_gpus), *flwr_args],
-            console)
-    return report_result(code, final_line, console)
+    return console
+
+
+def _simulation_args(num_supernodes: int, num_gpus: float | None, flwr_args: list[str]
+                     ) -> list[str]:
+    if num_gpus is None:
+        num_gpus = 0.25 if _has_cuda() else 0.0
+    return ["--federation-config", federation_config(num_supernodes, num_gpus), *flwr_args]
 
 
 def app_files(app: Path) -> dict[str, Path]:
@@ -325,25 +262,6 @@ def flwr_args_after_dashes(parser: argparse.ArgumentParser, argv: list[str] | No
     if args.num_supernodes < 1:
         parser.error(f"--num-supernodes={args.num_supernodes} is not allowed; use 1 or more")
     return args, flwr_args
-
-
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    sys.exit(128 + signum)
-
-
-@contextlib.contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """While the block runs, SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so every
-    process started in it is stopped on the way out. A handler someone else installed (a
-    test session's) is left alone; the default comes back afterwards."""
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _has_cuda() -> bool:

@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ovalp_flwr.ops.launch import _bin, stop_groups
+from ovalp_flwr.ops.launch import _bin
+from ovalp_flwr.ops.processes import sigterm_unwinds, stop_groups
 from ovalp_flwr.ops.ports import free_port, free_ports
 
 ACTOR_CLASS = "ClientAppActor"  # Flower's Ray actor that runs the ClientApp
@@ -59,22 +60,29 @@ def node_command(temp_dir: Path, num_cpus: int, head_port: int | None) -> list[s
                        "--dashboard-host", "127.0.0.1"] if head_port is not None else [])
 
 
+ANSWER = "ray-query-answer: "  # marks the query's line among what Ray itself prints
+
+
 def ray_query(address: str, code: str, timeout: float = 60.0) -> object:
-    """Run `code` (which prints one JSON value) in a fresh Python connected to `address`: this
-    process never becomes a Ray driver."""
+    """Run `code` (which calls `answer(value)` once, with a JSON value) in a fresh Python
+    connected to `address`: this process never becomes a Ray driver. Ray may print its own
+    lines after the answer (a raylet's log, under load), so the answer is found by its mark."""
     script = ("import json, ray, logging\n"
+              f"def answer(value): print({ANSWER!r} + json.dumps(value), flush=True)\n"
               f"ray.init(address={address!r}, logging_level=logging.ERROR, log_to_driver=False)\n"
               + code)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"ray query on {address} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    answers = [line.split(ANSWER, 1)[1] for line in done.stdout.splitlines() if ANSWER in line]
+    if done.returncode != 0 or not answers:
+        raise RuntimeError(f"ray query on {address} failed ({done.returncode}):\n"
+                           f"{done.stdout[-1000:]}{done.stderr[-2000:]}")
+    return json.loads(answers[-1])
 
 
 def alive_nodes(address: str) -> list[str]:
     """Node ids of the cluster's live raylets."""
-    return ray_query(address, "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive']]))")
+    return ray_query(address, "answer([n['NodeID'] for n in ray.nodes() if n['Alive']])")
 
 
 def actor_placement(address: str) -> dict[str, int]:
@@ -82,8 +90,8 @@ def actor_placement(address: str) -> dict[str, int]:
     actors included: the GCS's actor table (`ray._private.state.actors`), which, unlike the
     state API (`ray.util.state.list_actors`), needs no dashboard (and `ray[default]`) running."""
     code = ("from ray._private.state import actors\n"
-            "print(json.dumps([a['Address']['NodeID'] for a in actors().values()"
-            f" if a['ActorClassName'] == {ACTOR_CLASS!r}]))")
+            "answer([a['Address']['NodeID'] for a in actors().values()"
+            f" if a['ActorClassName'] == {ACTOR_CLASS!r}])")
     return dict(Counter(ray_query(address, code)))
 
 
@@ -181,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="after `--`: the launcher's arguments")
     args = parser.parse_args(argv)
     launch_args = args.launch_args[1:] if args.launch_args[:1] == ["--"] else args.launch_args
-    with launch.sigterm_unwinds(), local_cluster(args.nodes, args.cpus_per_node) as cluster:
+    with sigterm_unwinds(), local_cluster(args.nodes, args.cpus_per_node) as cluster:
         code = launch.main(["--ray-address", cluster.address, *launch_args])
         placement = actor_placement(cluster.address)
     print(f"ClientApp actors per Ray node: {json.dumps(placement)}")
