@@ -3,7 +3,7 @@
 #   make run  ARGS="--run-config \"head='softmax'\""   (VERBOSE=1: Flower's and Ray's log too)
 #   make test ARGS="-k partition"   (WORKERS=0: in this process, no pytest-xdist; ends with the
 #                                    15 slowest tests)
-#   make test-fast                  the in-process tests only: the edit loop
+#   make test-fast                  the edit loop: the in-process tests but the slow ones
 #   make docker-images              the compose demo's images (docs/docker.md)
 #   make test-docker                the compose demo end to end (needs a docker engine)
 PYTHON ?= python3
@@ -11,14 +11,23 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NUM_SUPERNODES ?= 100
-# pytest-xdist workers; the e2e tests start first and wait on Flower much of the time, so a
-# third worker keeps both cores busy; tests/scheduling.py hands out the tests (loadgroup: the
-# scenarios of a shared federation on one worker)
-WORKERS ?= 3
+# pytest-xdist workers; the e2e tests start first and wait on Flower much of the time, so four
+# workers keep both cores busy (make test: 9:57 with 3, 9:06 with 4; docs/testing.md);
+# tests/scheduling.py hands out the tests (loadgroup: a shared federation's scenarios on one worker)
+WORKERS ?= 4
 FAST_WORKERS ?= 2
 xdist = -n $(1) $(if $(filter 0,$(1)),,--dist loadgroup)
 
 .PHONY: run test test-fast test-docker docker-images install clean
+
+# The tests' processes keep what they free for reuse (glibc's malloc tunables): the suite makes
+# and frees large tensors thousands of times, and each one got a fresh mmap whose pages fault in
+# again (`make test-fast`: 59 s of the kernel's CPU, 17 s with this; docs/testing.md). Runs
+# outside the tests keep the product's own policy (ovalp_flwr/core/memory.py).
+test test-fast: export GLIBC_TUNABLES = glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296
+# ... and write bytecode where the machine says not to (PYTHONDONTWRITEBYTECODE, as here): else
+# every worker compiles and assertion-rewrites all test modules again, each session (~5 s each)
+test test-fast: export PYTHONDONTWRITEBYTECODE =
 
 install: $(STAMP)
 
@@ -41,7 +50,7 @@ test: $(STAMP)
 	@$(PY) -m pytest -q $(call xdist,$(WORKERS)) --durations=15 $(ARGS)
 
 test-fast: $(STAMP)
-	@$(PY) -m pytest -q -m "not e2e" $(call xdist,$(FAST_WORKERS)) $(ARGS)
+	@$(PY) -m pytest -q -m "not e2e and not slow" $(call xdist,$(FAST_WORKERS)) $(ARGS)
 
 docker-images: $(STAMP)
 	@$(PY) -m ovalp_flwr.ops.images $(ARGS)

@@ -21,17 +21,10 @@ import xml.etree.ElementTree as ElementTree
 from collections import defaultdict
 from pathlib import Path
 
-# (files before, files after) holding the same tests: what #27 renamed, merged and split
+# (files before, files after) holding the same tests: what #44 split (the SIGTERM tests left
+# test_launch for test_processes, named after ops/processes.py)
 SAME_TESTS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
-    (("test_deploy", "test_deploy_faults", "test_deploy_tls"), ("test_deploy", "test_certs")),
-    (("test_flwr_run", "test_sigterm"), ("test_launch",)),
-    (("test_federated", "test_embedded_default"), ("test_server",)),
-    (("test_reliability",), ("test_validation", "test_checkpoint")),
-    (("test_node_data",), ("test_client_data",)),
-    (("test_cache", "test_cache_cli"), ("test_cache",)),
-    (("test_domains",), ("test_domain_datasets",)),
-    (("test_personalize_methods",), ("test_personalize",)),
-    (("test_cuda",), ("test_devices",)),
+    (("test_launch",), ("test_launch", "test_processes")),
 ]
 
 

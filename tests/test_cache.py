@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ovalp_flwr.features import cache
 from ovalp_flwr.features.cache import build as cache_build
 from ovalp_flwr.features.cache import (
     CacheError,
@@ -219,6 +218,7 @@ def test_concurrent_processes_share_one_first_build(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["digits__pixels"]
 
 
+@pytest.mark.slow
 def test_loading_needs_no_timm(built: Path, tmp_path: Path) -> None:
     """A ClientApp loads features and checks the Lite0 or MiniLM identity without timm,
     torchvision or transformers (hub encoders' identities read timm's pretrained config)."""
@@ -275,6 +275,7 @@ def tiny_texts(tmp_path: Path) -> Path:
     return data
 
 
+@pytest.mark.slow
 def test_text_cache_builds_and_verifies(tmp_path: Path, tiny_texts: Path) -> None:
     built = build_features(
         "csv:tiny", "minilm", tmp_path / "c", data_dir=tiny_texts, progress=False
@@ -431,6 +432,7 @@ def test_build_errors_are_one_line(tmp_path: Path, capsys) -> None:
     assert usage.value.code == 2
 
 
+@pytest.mark.slow
 def test_module_entry_point_shows_progress(tmp_path: Path) -> None:
     command = f"build --dataset digits --encoder pixels --cache-dir {tmp_path} --limit-per-class 2"
     result = subprocess.run(

@@ -14,6 +14,7 @@ from ovalp_flwr.ops import clientapp_runtime as runtime
 from ovalp_flwr.ops.deploy import runtime_command, warm_runtime_command
 
 
+@pytest.mark.slow
 def test_preload_forgets_the_apps_own_modules_so_the_fab_is_imported_again():
     code = ("import sys; from ovalp_flwr.ops import clientapp_runtime as r; r.preload(); "
             "print('torch' in sys.modules, any(n.split('.')[0] in r.APP_PACKAGES "

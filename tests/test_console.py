@@ -5,11 +5,10 @@ import io
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from ovalp_flwr.ops import deploy, launch
+from ovalp_flwr.ops import launch
 from ovalp_flwr.ops.console import MARK, LogFollower, RunConsole
 from ovalp_flwr.data.registry import missing_data
 from ovalp_flwr.ops.preflight import PreflightError, check_run

@@ -174,6 +174,7 @@ def test_cifar10_c_one_corruption_per_share_deterministic(tmp_path: Path) -> Non
     assert one.domains == ("fog-5",) and not np.array_equal(one.train.images, clean.train.images)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["digit-domains", "office-caltech10"])
 def test_real_domains_are_disjoint(name: str) -> None:
     files = {"digit-domains": ("mnist.npz", "digit-domains/usps.npz", "digit-domains/mnistm.npz",

@@ -64,6 +64,7 @@ def no_hub(monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
 
 
+@pytest.mark.slow
 def test_import_timm_works_here() -> None:
     """In a fresh interpreter (the import order matters), import_timm() yields a working timm.
     Where torchvision's C++ ops cannot load (CPU torch beside the registry's CUDA torchvision)
@@ -164,6 +165,7 @@ def test_lite_recipe_is_timms(name: str) -> None:
         assert prep["image_size"] == cfg["input_size"][-1]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TINY_ZIP.exists(), reason=f"needs the offline TinyImageNet at {TINY_ZIP}")
 @pytest.mark.parametrize("name", ["efficientnet-lite1", "efficientnet-lite2"])
 def test_lite12_checkpoints_are_the_imagenet_networks(name: str) -> None:
@@ -219,13 +221,14 @@ def _probe_accuracy(features: np.ndarray, labels: np.ndarray, n_train: int) -> f
 def test_pretrained_beats_random_init_on_a_linear_probe(lite0) -> None:
     """The loaded weights are really the ImageNet network. Natural images, not digits: on
     8x8 digits upsampled to 128 px a random-init Lite0 probes as well as the pretrained one
-    (full split: 95% vs 94%), so digits cannot tell them apart. Measured here on 400 CIFAR-10
-    test images (240 probe-train / 160 probe-test): pretrained 0.60, random 0.21."""
-    images, labels = _cifar_sample(per_class=40)
+    (full split: 95% vs 94%), so digits cannot tell them apart. Measured here on 250 CIFAR-10
+    test images (150 probe-train / 100 probe-test): pretrained 0.55, random 0.12 (on 400,
+    240 / 160: 0.60 and 0.21). Encoding is the cost: ~25 ms of CPU per image per network."""
+    images, labels = _cifar_sample(per_class=25)
     random_init = load_encoder("efficientnet-lite0", device="cpu", pretrained=False)
     assert random_init.identity()["weights"].startswith("random-init")
-    pretrained = _probe_accuracy(lite0.encode(images), labels, 240)
-    random = _probe_accuracy(random_init.encode(images), labels, 240)
+    pretrained = _probe_accuracy(lite0.encode(images), labels, 150)
+    random = _probe_accuracy(random_init.encode(images), labels, 150)
     assert pretrained >= 0.45 and pretrained >= random + 0.2, (pretrained, random)
 
 
@@ -340,6 +343,7 @@ def test_hub_weights_unreachable_fail_in_one_line(no_hub) -> None:
 # --- text encoders --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_minilm_offline_mean_pooled_and_paraphrase_aware(minilm) -> None:
     texts = [
         "A man is eating a piece of bread.",
@@ -380,6 +384,7 @@ def test_bf16_on_cpu_works_and_fp16_is_refused(minilm) -> None:
     )  # a CUDA-built cache checks here
 
 
+@pytest.mark.slow
 def test_roberta_random_init_and_pooling() -> None:
     encoder = load_encoder("roberta-base", device="cpu", pretrained=False)
     features = encoder.encode(["short", "a somewhat longer sentence, with punctuation."])

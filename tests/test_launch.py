@@ -1,20 +1,14 @@
 """The launcher `make run` uses: real `flwr run`s on Ray virtual SuperNodes (e2e: `make run`'s own
-path, then scenarios on the shared Ray federation of tests/e2e.py), the app folder Flower packs,
-and SIGTERM to a test session or a CLI stopping what it started, by PID."""
+path, then scenarios on the shared Ray federation of tests/e2e.py), and the app folder Flower
+packs (SIGTERM to a test session or a CLI: tests/test_processes.py)."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from ovalp_flwr.ops import launch, processes
+from ovalp_flwr.ops import launch
 from ovalp_flwr.features.cache import load_or_build
-from ovalp_flwr.ops.processes import _exit_on_sigterm, alive, sigterm_unwinds
 from ovalp_flwr.federation.local_grid import run_local
 from ovalp_flwr.federation.results import read_summary
 from e2e import left_behind  # tests/ is on sys.path under pytest
@@ -29,7 +23,7 @@ def run_config_arg(options: dict) -> str:
     return " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in options.items())
 
 
-@pytest.mark.e2e(seconds=60)
+@pytest.mark.e2e(seconds=65)
 def test_flwr_run_two_rounds_on_ray_and_leaves_no_process(tmp_path, capfd, monkeypatch):
     """`make run`'s path, so on processes of its own: the launcher starts its SuperLink, the
     simulation its Ray, and all of it is gone after the run. Partition 1 sends NaN in every
@@ -85,7 +79,7 @@ def test_a_ray_address_that_is_not_host_port_is_refused_with_one_line(capsys):
 
 
 @pytest.mark.xdist_group("ray")
-@pytest.mark.e2e(seconds=55)
+@pytest.mark.e2e(seconds=230)
 def test_flwr_run_on_two_raylets_personalizes_with_every_method_as_in_process(
         ray_federation, tmp_path, capfd):
     """A run joins the Ray cluster its SuperLink was pointed at (two raylets, the stand-in of
@@ -131,7 +125,7 @@ def test_flwr_run_on_two_raylets_personalizes_with_every_method_as_in_process(
 
 
 @pytest.mark.xdist_group("ray")
-@pytest.mark.e2e(seconds=45)
+@pytest.mark.e2e(seconds=115)
 def test_flwr_run_trains_flora_on_ray_as_the_in_process_runner_does(ray_federation, tmp_path,
                                                                      capfd):
     """FLoRA keeps each node's merged update in its context state: on Ray's virtual nodes the
@@ -157,7 +151,7 @@ def test_flwr_run_trains_flora_on_ray_as_the_in_process_runner_does(ray_federati
 
 
 @pytest.mark.xdist_group("ray")
-@pytest.mark.e2e(seconds=20)
+@pytest.mark.e2e(seconds=15)
 def test_flwr_run_with_a_bad_config_fails_with_one_line(ray_federation, capfd):
     """A config the ServerApp refuses (`simulate_on` skips the launcher's own check): one line,
     no traceback, and the run's processes gone."""
@@ -183,100 +177,6 @@ def test_a_run_flower_refuses_shows_the_cause_from_the_superlinks_log(ray_federa
     assert ("error: Could not start run: Key 'heads' is not present in the main dictionary "
             f"(from {flwr_home / 'superlink.log'})") in output
     assert ray_federation.left_behind() == set()
-
-
-# --- SIGTERM stops what a test session or a CLI started, by PID ---------------------------------
-
-TESTS = Path(__file__).resolve().parent
-PROJECT = TESTS.parent
-
-# a test that starts a process the way the e2e tests do, stops it in `finally`, and waits;
-# stopping takes CLEAN_UP seconds, as a deployment's SuperNodes and SuperLink do
-STARTS_A_PROCESS = """\
-import subprocess, time
-from pathlib import Path
-from ovalp_flwr.ops.processes import stop_group
-
-CLEAN_UP = {clean_up}
-
-def test_waits(tmp_path):
-    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    try:
-        staged = Path(__file__).parent / "child.pid.tmp"
-        staged.write_text(str(child.pid))
-        staged.rename(staged.with_suffix(""))  # the reader never sees a half-written file
-        time.sleep(120)
-    finally:
-        time.sleep(CLEAN_UP)
-        stop_group(child, grace=5)
-"""
-
-
-def _term_pytest_mid_test(tmp_path: Path, *plugin: str, clean_up: float = 0.0
-                          ) -> tuple[int, int]:
-    """Run the test above, SIGTERM pytest once the child runs: (pytest's exit code, child pid).
-    The inner session is killed by PID if it does not end by itself."""
-    (tmp_path / "test_waits.py").write_text(STARTS_A_PROCESS.format(clean_up=clean_up))
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST")}
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(PROJECT)])
-    session = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                *plugin, "test_waits.py"], cwd=tmp_path, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        pid_file = tmp_path / "child.pid"
-        deadline = time.monotonic() + 60
-        while not pid_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert pid_file.exists(), "the inner test never started its process"
-        child = int(pid_file.read_text())
-        session.send_signal(signal.SIGTERM)
-        return session.wait(timeout=90), child
-    finally:
-        if session.poll() is None:
-            workers = processes.descendants(session.pid)
-            session.kill()
-            session.wait()
-            processes.signal_all(workers, signal.SIGKILL)
-
-
-@pytest.mark.parametrize("xdist", [(), ("-n", "1")], ids=["one-process", "xdist"])
-def test_sigterm_to_the_test_session_stops_what_the_running_test_started(tmp_path, xdist):
-    """Under xdist the test's clean-up takes 8 s: longer than xdist gives a worker on its own
-    (interrupted after 5 s, killed after 10), so only the controller passing the signal on at
-    once and waiting stops the child (conftest.py)."""
-    code, child = _term_pytest_mid_test(tmp_path, "-p", "conftest", *xdist,
-                                        clean_up=8.0 if xdist else 0.0)
-    try:
-        assert code == 2  # pytest: interrupted
-        assert not alive(child)
-    finally:
-        if alive(child):
-            os.kill(child, signal.SIGKILL)
-
-
-def test_without_the_session_handler_sigterm_leaves_the_process_behind(tmp_path):
-    """The control: what the conftest handler prevents does happen without it."""
-    code, child = _term_pytest_mid_test(tmp_path)
-    try:
-        assert code == -signal.SIGTERM
-        assert alive(child)
-    finally:
-        os.kill(child, signal.SIGKILL)
-
-
-def test_sigterm_unwinds_while_its_block_runs_and_leaves_other_handlers_alone():
-    session_handler = signal.getsignal(signal.SIGTERM)
-    try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        with sigterm_unwinds():
-            assert signal.getsignal(signal.SIGTERM) is _exit_on_sigterm
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-        signal.signal(signal.SIGTERM, session_handler)
-        with sigterm_unwinds():  # someone else's handler (the test session's) stays
-            assert signal.getsignal(signal.SIGTERM) is session_handler
-        assert signal.getsignal(signal.SIGTERM) is session_handler
-    finally:
-        signal.signal(signal.SIGTERM, session_handler)
 
 
 # --- the folder `flwr run` packs ---------------------------------------------------------------

@@ -148,6 +148,7 @@ def test_a_corrupted_rows_file_is_an_error_naming_it(nodes, tmp_path):
     assert newest.exists()  # reported, never silently recomputed
 
 
+@pytest.mark.slow
 def test_the_client_app_imports_no_partitioner_or_encoder_library():
     import subprocess
     import sys

@@ -93,6 +93,7 @@ def personalized_run(cache_dir, tmp_path, name, **extra):
         4))
 
 
+@pytest.mark.slow
 def test_every_method_runs_after_federation_with_per_client_rows_and_is_reproducible(
         cache_dir, tmp_path):
     summary = personalized_run(cache_dir, tmp_path, "pft")

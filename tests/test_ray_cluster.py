@@ -51,6 +51,7 @@ def test_a_node_that_exits_at_start_up_is_retried_on_new_ports(monkeypatch, tmp_
     assert not cluster.temp_dir.exists()
 
 
+@pytest.mark.slow
 def test_a_node_that_keeps_exiting_fails_with_its_log_in_the_error(monkeypatch, tmp_path):
     tries = []
     monkeypatch.setattr(ray_cluster, "node_command",

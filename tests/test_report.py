@@ -1,6 +1,9 @@
 """The preset report: numbers checked by hand on fabricated runs, then one report of real runs."""
 
+import contextlib
 import csv
+import io
+import shutil
 import subprocess
 import sys
 
@@ -90,18 +93,51 @@ def fabricate(preset, results, name, curve, realised=0.0, initial=0.1, setup=Non
     write_run(preset.results_dir(results), name, summary)
 
 
-def report(tmp_path, preset, *extra):
-    argv = [str(preset.path), "--results-dir", str(tmp_path / "results"),
+def report(tmp_path, preset, *extra, results=None):
+    """The preset's report of `results` (default tmp_path/results) in tmp_path/reports."""
+    argv = [str(preset.path), "--results-dir", str(results or tmp_path / "results"),
             "--out", str(tmp_path / "reports"), *extra]
     assert main(argv) == 0
     return tmp_path / "reports" / preset.name
 
 
-@pytest.fixture
-def ablation(tmp_path):
-    preset = write_preset(tmp_path, ABLATION, "tiny-ablation")
+@pytest.fixture(scope="module")
+def ablation_once(tmp_path_factory):
+    """The tiny ablation's preset and fabricated runs, written once for the module: each
+    `write_run` draws the run's accuracy plot (~0.3 s of CPU, 7 runs), which no report reads."""
+    root = tmp_path_factory.mktemp("ablation")
+    preset = write_preset(root, ABLATION, "tiny-ablation")
     for name, curve in ABLATION_CURVES.items():
-        fabricate(preset, tmp_path / "results", name, curve)
+        fabricate(preset, root / "results", name, curve)
+    return preset
+
+
+@pytest.fixture
+def ablation(ablation_once, tmp_path):
+    """The tiny ablation in this test's tmp_path: a copy of the module's, which a test may
+    add runs to."""
+    shutil.copytree(ablation_once.path.parent, tmp_path, dirs_exist_ok=True)
+    return load_preset(tmp_path / ablation_once.path.name)
+
+
+@pytest.fixture(scope="module")
+def ablation_report(ablation_once, tmp_path_factory):
+    """The tiny ablation's report with the default options, made once (~3 s of CPU: its plots)
+    for the tests that only read it: (its folder, what `main` printed)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        out = report(tmp_path_factory.mktemp("ablation-report"), ablation_once,
+                     results=ablation_once.path.parent / "results")
+    return out, printed.getvalue()
+
+
+def ablation_variant(tmp_path, ablation_once, text, name):
+    """An ABLATION preset that differs in preset options only, with ABLATION_CURVES' runs:
+    copies of the module's fabrications (its runs' configs are checked to be the same)."""
+    preset = write_preset(tmp_path, text, name)
+    assert [s.run_config for s in preset.runs()] == [s.run_config for s in ablation_once.runs()]
+    shutil.copytree(ablation_once.results_dir(ablation_once.path.parent / "results"),
+                    preset.results_dir(tmp_path / "results"))
     return preset
 
 
@@ -112,9 +148,9 @@ def rows_of(path):
     return {row.get("run") or f"{row['method']}-{row['partition']}": row for row in rows}
 
 
-def test_main_table_has_r_final_acc95_and_costs_by_hand(ablation, tmp_path, capsys):
-    out = report(tmp_path, ablation)
-    assert capsys.readouterr().out.strip() == str(out / "report.md")
+def test_main_table_has_r_final_acc95_and_costs_by_hand(ablation_once, ablation_report):
+    out, printed = ablation_report
+    assert printed.strip() == str(out / "report.md")
     text = (out / "report.md").read_text()
     # a, shard-1: final 40/60, best 40/60, R 50/60, Acc@95 4/2, client s 2/1, server s .6/.3,
     # MB .08/.04
@@ -123,12 +159,12 @@ def test_main_table_has_r_final_acc95_and_costs_by_hand(ablation, tmp_path, caps
     assert "| a | iid | 90.00 ± 14.14 | 90.00 ± 14.14 |  | 3.0 ± 0.0 |" in text  # no R for IID
     assert "| b | shard-1 | 72.00 ± — | 72.00 ± — | 90.00 ± — | 3.0 ± — |" in text  # one seed
     assert "**R(t)** = Acc_nonIID(t) / Acc_IID(t) x 100" in text
-    assert f"python -m ovalp_flwr.experiments.report {ablation.path}" in text
+    assert f"python -m ovalp_flwr.experiments.report {ablation_once.path}" in text
     assert "3 cell(s) with 2 seed(s); 1 cell(s) with 1 seed(s)" in text
 
 
-def test_ablation_pivots_rows_methods_columns_partitions(ablation, tmp_path):
-    text = (report(tmp_path, ablation) / "report.md").read_text()
+def test_ablation_pivots_rows_methods_columns_partitions(ablation_report):
+    text = (ablation_report[0] / "report.md").read_text()
     r_pivot = text.split("## Ablation: R(final) (%)")[1].split("##")[0]
     assert "| method | shard-1 |" in r_pivot and "| method | iid |" not in r_pivot
     assert "| a | 55.00 ± 7.07 |" in r_pivot and "| b | 90.00 ± — |" in r_pivot
@@ -137,12 +173,10 @@ def test_ablation_pivots_rows_methods_columns_partitions(ablation, tmp_path):
     assert "| b | 85.00 ± 7.07 | 72.00 ± — |" in acc_pivot
 
 
-def test_round_to_a_target_accuracy_by_hand(tmp_path):
-    preset = write_preset(tmp_path, ABLATION.replace("seeds = [0, 1]",
-                                                     "seeds = [0, 1]\ntarget-accuracy = 0.6"),
-                          "tiny-target")
-    for name, curve in ABLATION_CURVES.items():
-        fabricate(preset, tmp_path / "results", name, curve)
+@pytest.mark.slow
+def test_round_to_a_target_accuracy_by_hand(ablation_once, tmp_path):
+    preset = ablation_variant(tmp_path, ablation_once, ABLATION.replace(
+        "seeds = [0, 1]", "seeds = [0, 1]\ntarget-accuracy = 0.6"), "tiny-target")
     out = report(tmp_path, preset)
     text = (out / "report.md").read_text()
     assert "**Round to 60%** = the first round" in text
@@ -156,11 +190,8 @@ def test_round_to_a_target_accuracy_by_hand(tmp_path):
     assert rows["a-shard-1-seed1"]["rounds_to_target"] == "2"
     assert float(rows_of(out / "table.csv")["a-iid"]["rounds_to_target_mean"]) == 1.5
 
-    never = write_preset(tmp_path, ABLATION.replace("seeds = [0, 1]",
-                                                    "seeds = [0, 1]\ntarget-accuracy = 0.95"),
-                         "tiny-never")
-    for name, curve in ABLATION_CURVES.items():
-        fabricate(never, tmp_path / "results", name, curve)
+    never = ablation_variant(tmp_path, ablation_once, ABLATION.replace(
+        "seeds = [0, 1]", "seeds = [0, 1]\ntarget-accuracy = 0.95"), "tiny-never")
     pivot = (report(tmp_path, never) / "report.md").read_text().split(
         "## Ablation: round to 95%")[1].split("##")[0]
     assert "| a | 3.0 ± — (n=1) | never |" in pivot and "| b | never | never |" in pivot
@@ -252,8 +283,8 @@ def test_a_ceiling_preset_without_a_measured_ceiling_says_how_to_measure_it(tmp_
                    "centralised_ceiling.py --case digits:pixels`")
 
 
-def test_no_target_accuracy_no_column(ablation, tmp_path):
-    out = report(tmp_path, ablation)
+def test_no_target_accuracy_no_column(ablation_report):
+    out = ablation_report[0]
     assert "Round to" not in (out / "report.md").read_text()
     assert "rounds_to_target" not in (out / "runs.csv").read_text()
 
@@ -267,8 +298,8 @@ def test_missing_and_stale_runs_are_listed_not_fatal(ablation, tmp_path):
     assert "7 of 8 runs found" in text
 
 
-def test_runs_csv_has_one_row_per_run_with_choices_and_metrics(ablation, tmp_path):
-    rows = rows_of(report(tmp_path, ablation) / "runs.csv")
+def test_runs_csv_has_one_row_per_run_with_choices_and_metrics(ablation_report):
+    rows = rows_of(ablation_report[0] / "runs.csv")
     assert sorted(rows) == sorted(ABLATION_CURVES)
     row = rows["a-shard-1-seed1"]
     assert (row["preset"], row["seed"], row["method"], row["partition"]) == (
@@ -282,15 +313,15 @@ def test_runs_csv_has_one_row_per_run_with_choices_and_metrics(ablation, tmp_pat
     assert "decline_pct" not in row  # no noise axis
 
 
-def test_table_csv_has_mean_and_std_columns(ablation, tmp_path):
-    rows = rows_of(report(tmp_path, ablation) / "table.csv")
+def test_table_csv_has_mean_and_std_columns(ablation_report):
+    rows = rows_of(ablation_report[0] / "table.csv")
     assert float(rows["a-shard-1"]["r_final_mean"]) == pytest.approx(55.0)
     assert float(rows["a-shard-1"]["r_final_std"]) == pytest.approx(50 ** 0.5)
     assert rows["b-shard-1"]["r_final_std"] == "" and rows["b-shard-1"]["seeds"] == "1"
 
 
-def test_plots_are_written_and_not_empty(ablation, tmp_path):
-    out = report(tmp_path, ablation)
+def test_plots_are_written_and_not_empty(ablation_report):
+    out = ablation_report[0]
     for name in ("curves.png", "relative.png", "r_final.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (out / name).stat().st_size > 10_000
@@ -387,6 +418,7 @@ ova-lp = {{ head = "ova" }}
 """
 
 
+@pytest.mark.slow
 def test_report_of_personalized_runs_has_the_table_and_its_plots(tmp_path):
     preset = write_preset(tmp_path, PERSONALIZATION.format(cache=tmp_path / "cache"), "tiny-pft")
     assert sweep(preset, preset.runs(), tmp_path / "results", "local") == []

@@ -251,6 +251,7 @@ def test_a_late_node_that_misses_the_statistics_is_left_out(cache_dir, tmp_path,
                for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_the_default_scaffold_holds_accuracy_where_quantity_and_label_skew_break_the_recipe(
         cache_dir, tmp_path):
     """Bernoulli-Dirichlet on digits: most classes sit whole on one client of very uneven size."""

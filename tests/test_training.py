@@ -88,6 +88,7 @@ def test_the_local_step_is_torch_optim_bit_for_bit(name, build):
     assert moved == {n for n in dict(ours.named_parameters()) if not n.startswith("unused")}
 
 
+@pytest.mark.slow
 def test_a_fresh_process_trains_without_importing_torch_dynamo():
     """Flower's deployment runtime starts a process per message: 1.9 s of torch._dynamo each."""
     code = ("import sys, numpy as np, torch\n"

@@ -182,7 +182,7 @@ def register_supernode(deployment: Deployment, public_key: Path) -> str:
 def start_supernode(deployment: Deployment, partition_id: int, num_partitions: int,
                     node_dir: str | None, cwd: Path = PROJECT, private_key: Path | None = None,
                     register: bool = True, log_stem: str | None = None,
-                    extra_config: str = "") -> Node:
+                    extra_config: str = "", isolation: str | None = None) -> Node:
     """One more SuperNode (also for a node that joins a running federation late), with its
     ClientApp runtime under process isolation.
 
@@ -191,8 +191,11 @@ def start_supernode(deployment: Deployment, partition_id: int, num_partitions: i
     half is registered first unless `register=False` (a node the SuperLink must refuse).
     Logs: `<flwr-home>/deploy/<log_stem>.log` (default `supernode-<i>`) and, for the runtime,
     `<log_stem>-clientapp.log`. `extra_config`: more `--node-config` entries (e.g. `chaos='nan'`,
-    `ovalp_flwr.federation.chaos`).
+    `ovalp_flwr.federation.chaos`). `isolation`: this node's, if not the deployment's (a
+    federation whose nodes differ: some start their ClientApps themselves).
     """
+    isolation = isolation or deployment.isolation
+    _check_isolation(isolation)
     if deployment.secure:
         assert deployment.certs is not None
         if private_key is None:
@@ -204,13 +207,13 @@ def start_supernode(deployment: Deployment, partition_id: int, num_partitions: i
     port = free_port()  # the node's runtime API, where its ClientApp runtime attaches
     cache = deployment.flwr_home / "nodes" / str(partition_id) / "cache"
     config = " ".join([node_config(partition_id, num_partitions, node_dir, cache), extra_config])
-    command = supernode_command(deployment.address, port, deployment.isolation, config.strip(),
+    command = supernode_command(deployment.address, port, isolation, config.strip(),
                                 deployment.certs, private_key)
     name = log_stem or f"supernode-{partition_id}"
     logs = deployment.flwr_home / "deploy"
     node = Node(partition_id, _start(command, logs / f"{name}.log", deployment.flwr_home, cwd))
     deployment.nodes.append(node)
-    if deployment.isolation == "process":
+    if isolation == "process":
         address = f"127.0.0.1:{port}"
         command = (warm_runtime_command(address, deployment.encoder_path)
                    if deployment.warm_clientapps else runtime_command(address))
@@ -276,9 +279,11 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
 
 
 def restart_superlink(deployment: Deployment) -> None:
-    """Stop the SuperLink and start it again, same port, same `--database`: what a reboot of
-    the server host does. The nodes and runtimes reconnect by themselves; a run that was going
-    on is lost with its ServerApp, and goes on with `resume` (`ovalp_flwr.federation.checkpoint`).
+    """Stop the SuperLink and start it again, same port, same `--database`. The nodes and
+    runtimes reconnect by themselves. Only the SuperLink: a running ServerApp process may
+    reconnect too and finish its run; a reboot of the server host takes it as well (kill it
+    first, as tests/test_deploy.py does), and the run goes on with `resume`
+    (`ovalp_flwr.federation.checkpoint`).
     Stopped as a reboot stops it: SIGTERM, then SIGKILL after 2 s, since with nodes connected
     the SuperLink would otherwise wait for their connections to close; the longer it is down,
     the longer the nodes' reconnection backoff (up to tens of seconds)."""
