@@ -2,9 +2,9 @@
 checks that a run leaves no process behind.
 
 Flower serves many runs on one SuperLink, so a scenario whose property is about the run, not
-about the processes' own lives, submits its run to a federation started once per test session
-(per pytest-xdist worker: the scenarios name its `xdist_group`, so they all run on the worker
-that started it; tests/scheduling.py):
+about the processes' own lives, submits its run to a federation started once for them (module-scoped: the scenarios name its
+`xdist_group`, so they run one after another on one worker, tests/scheduling.py, and it stops
+as that worker moves on to another module's tests, not idling until the session ends):
 - `ray_federation` ("ray"): a Ray cluster of two raylets (the stand-in of two machines) and a
   simulation SuperLink whose runs join it, as `python -m ovalp_flwr.ops.ray_cluster` does;
 - `secure_deployment` ("deployment"): a SuperLink with TLS and SuperNode authentication and two
@@ -80,15 +80,15 @@ class RayFederation:
         return left_behind(self.flwr_home, resident=self.resident)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_federation(tmp_path_factory) -> Iterator[RayFederation]:
-    """Started on first use, stopped (by PID, all it started) when the worker's session ends."""
+    """Started on first use, stopped (by PID, all it started) after the module's last user."""
     flwr_home = tmp_path_factory.mktemp("ray-federation") / "flwr-home"
     with local_cluster(nodes=2, cpus_per_node=1) as cluster, \
             launch.simulation_superlink(flwr_home, ray_address=cluster.address) as (_, address):
         launch.write_connection(flwr_home, launch.CONNECTION, address)
         yield RayFederation(cluster, flwr_home, frozenset(processes_of(flwr_home)))
-    assert left_behind(flwr_home) == set(), "the shared Ray federation outlived its session"
+    assert left_behind(flwr_home) == set(), "the shared Ray federation outlived its stop"
     assert ray_processes_under(cluster.temp_dir) == set(), "the cluster's processes outlived it"
 
 
@@ -122,7 +122,7 @@ class SecureDeployment:
         return launch.report_result(code, final_line, console)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def secure_deployment(tmp_path_factory) -> Iterator[SecureDeployment]:
     root = tmp_path_factory.mktemp("secure-deployment")
     flwr_home = root / "flwr-home"
@@ -131,4 +131,4 @@ def secure_deployment(tmp_path_factory) -> Iterator[SecureDeployment]:
     with deploy.local_deployment(2, flwr_home, node_dir=str(root / "node{i}"), secure=True,
                                  encoder_path=True) as deployment:
         yield SecureDeployment(deployment, root)
-    assert left_behind(flwr_home) == set(), "the shared deployment outlived its session"
+    assert left_behind(flwr_home) == set(), "the shared deployment outlived its stop"

@@ -384,3 +384,30 @@ def test_a_run_of_the_encoder_path_gets_runtimes_that_preload_its_libraries(monk
     clientapp_runtime.main(command[3:])  # after `python -m ovalp_flwr.ops.clientapp_runtime`
     assert started == [("127.0.0.1:9094", None, False, True)]
 
+
+
+def test_the_deploy_command_hands_its_flags_to_the_deployment_and_the_run(tmp_path, monkeypatch,
+                                                                        capsys):
+    """`python -m ovalp_flwr.ops.deploy`'s own wiring, in process (the e2e scenarios start their
+    deployments through `local_deployment` and `run_app`, as it does): each flag reaches the
+    deployment, the run gets what follows `--`, and a run without a result line fails."""
+    started, submitted = [], []
+
+    @contextlib.contextmanager
+    def fake_deployment(num_supernodes, flwr_home, node_dir, app, **options):
+        started.append((num_supernodes, flwr_home, node_dir, app, options))
+        yield "deployment"
+
+    monkeypatch.setattr(deploy, "local_deployment", fake_deployment)
+    monkeypatch.setattr(deploy, "run_app", lambda deployment, app, flwr_args, console:
+                        submitted.append((deployment, app, flwr_args)) or (0, None))
+    run_config = ["--run-config", "finetune='flora' encoder='tiny-cnn' head-init='random' "
+                                  "drift-correction='none'"]
+    code = deploy.main(["-n", "2", "--tls", "--node-dir", "nodes/{i}", "--flwr-home",
+                        str(tmp_path), "--isolation", "subprocess", "--cold-clientapps", "--",
+                        *run_config])
+    assert code == 1 and "run failed (flwr run exit 0)" in capsys.readouterr().out
+    assert started == [(2, tmp_path, "nodes/{i}", deploy.PROJECT,
+                        {"secure": True, "isolation": "subprocess", "warm_clientapps": False,
+                         "encoder_path": True})]
+    assert submitted == [("deployment", deploy.PROJECT, run_config)]
