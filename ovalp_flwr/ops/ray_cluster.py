@@ -35,7 +35,9 @@ from ovalp_flwr.ops.ports import free_port, free_ports
 
 ACTOR_CLASS = "ClientAppActor"  # Flower's Ray actor that runs the ClientApp
 OBJECT_STORE_BYTES = 300 * 2**20  # per raylet: the heads' messages are kilobytes
-START_ATTEMPTS = 3  # a node whose `ray start` exits (a port taken since it was picked) retries
+START_ATTEMPTS = 5  # a node whose `ray start` exits retries on new ports: a port taken since it
+# was picked, or a raylet that did not register within Ray's fixed 30 s (ray/_private/node.py)
+# on a loaded machine (the test suite's first minute: 3 tries were not always enough)
 LOG_TAIL_LINES = 20  # of a failed node's log, in the error
 
 
