@@ -11,10 +11,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NUM_SUPERNODES ?= 100
-# pytest-xdist workers; the e2e tests start first and wait on Flower much of the time, so four
-# workers keep both cores busy (make test: 9:57 with 3, 9:06 with 4; docs/testing.md);
-# tests/scheduling.py hands out the tests (loadgroup: a shared federation's scenarios on one worker)
-WORKERS ?= 4
+# pytest-xdist workers: one per e2e unit (they start first and wait on Flower much of the time),
+# the in-process tests niced around them (tests/conftest.py, docs/testing.md); tests/scheduling.py
+# hands out the tests (loadgroup: a shared federation's scenarios on one worker)
+WORKERS ?= 5
 FAST_WORKERS ?= 2
 xdist = -n $(1) $(if $(filter 0,$(1)),,--dist loadgroup)
 

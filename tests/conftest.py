@@ -170,3 +170,19 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None
     return LongestFirst(config, log, Path(os.environ[UNITS_ENV]))
+
+
+# A worker's in-process tests yield the CPU to the e2e tests' processes (which other workers
+# started at nice 0): the e2e scenarios are the suite's longest path and spend most of it
+# waiting on Flower, so the in-process tests fill the cores around them instead of slowing them.
+IN_PROCESS_NICENESS = 10
+_niced: list[bool] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    """Once per xdist worker, at its first in-process test (niceness cannot be lowered again
+    without privileges: its e2e units come first, tests/scheduling.py)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and not _niced and unit_of(item) is None:
+        _niced.append(True)
+        os.nice(IN_PROCESS_NICENESS)
