@@ -1,5 +1,6 @@
 """The test session: SIGTERM (a CI timeout, `kill`) stops it the way Ctrl-C does; the e2e units
-start first, longest first; one thread per worker; Flower's warnings in every test; the digits
+start first, longest first, and the in-process tests run niced around them; one thread per
+worker; the test deployments' task polls at 0.5 s; Flower's warnings in every test; the digits
 feature cache most tests run on; the shared federations of the e2e scenarios (tests/e2e.py).
 
 Python's default for SIGTERM is to die on the spot, leaving every SuperLink, SuperNode and

@@ -84,7 +84,8 @@ class RayFederation:
 def ray_federation(tmp_path_factory) -> Iterator[RayFederation]:
     """Started on first use, stopped (by PID, all it started) after the module's last user."""
     flwr_home = tmp_path_factory.mktemp("ray-federation") / "flwr-home"
-    with local_cluster(nodes=2, cpus_per_node=1) as cluster, \
+    # the suite's first minutes load both cores: a raylet's start can take minutes then
+    with local_cluster(nodes=2, cpus_per_node=1, timeout=240.0) as cluster, \
             launch.simulation_superlink(flwr_home, ray_address=cluster.address) as (_, address):
         launch.write_connection(flwr_home, launch.CONNECTION, address)
         yield RayFederation(cluster, flwr_home, frozenset(processes_of(flwr_home)))
