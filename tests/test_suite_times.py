@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
@@ -60,8 +61,6 @@ def test_the_per_file_table_in_docs_is_the_committed_reports():
 def test_the_committed_report_has_every_end_to_end_test():
     e2e = e2e_tests()
     assert len(e2e) >= 8  # the scan finds the markers (tests/test_launch.py, test_deploy.py)
-    import xml.etree.ElementTree as ElementTree
-
     reported = {(case.get("classname", "").split(".")[-1], case.get("name", "").split("[")[0])
                 for case in ElementTree.parse(AFTER).getroot().iter("testcase")}
     missing = sorted(e2e - reported)
