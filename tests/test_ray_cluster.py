@@ -30,33 +30,41 @@ def test_head_and_raylet_commands_block_and_take_ports_of_their_own(tmp_path):
         assert flags(command)["--min-worker-port"] == flags(command)["--max-worker-port"] == "0"
 
 
-def fake_node(up_file, exits: bool) -> list[str]:
-    """A stand-in for `ray start --block`: one that fails at once, or one that stays up (and
-    says so with `up_file`, which the stand-in `alive_nodes` reads)."""
-    code = ("print('Failed to bind: port taken'); raise SystemExit(1)" if exits else
-            f"import pathlib, time; pathlib.Path({str(up_file)!r}).touch(); time.sleep(60)")
+def fake_node(behaviour: str) -> list[str]:
+    """A stand-in for `ray start --block`: one that fails at once ("exits"), one that says it
+    started and stays up ("starts"), or one that stays up and never says so ("hangs")."""
+    code = {"exits": "print('Failed to bind: port taken'); raise SystemExit(1)",
+            "starts": f"import time; print({ray_cluster.STARTED.decode()!r}, flush=True); time.sleep(60)",
+            "hangs": "import time; print('starting', flush=True); time.sleep(60)"}[behaviour]
     return [sys.executable, "-c", code]
 
 
-def test_a_node_that_exits_at_start_up_is_retried_on_new_ports(monkeypatch, tmp_path):
+def test_a_node_that_exits_at_start_up_is_retried_on_new_ports(monkeypatch):
     """A port taken between its pick and `ray start` (another run on the machine) costs one
-    more try, not the run."""
-    up_file, tries = tmp_path / "up", iter([True, False])
-    monkeypatch.setattr(ray_cluster, "node_command",
-                        lambda *args: fake_node(up_file, exits=next(tries)))
-    monkeypatch.setattr(ray_cluster, "alive_nodes",
-                        lambda address: ["head"] if up_file.exists() else [])
+    more try, not the run; the retry's start is read from its own part of the node's log."""
+    tries = iter(["exits", "starts"])
+    monkeypatch.setattr(ray_cluster, "node_command", lambda *args: fake_node(next(tries)))
     with local_cluster(nodes=1) as cluster:
-        assert "port taken" in (cluster.temp_dir / "node-0.log").read_text()  # try 1 failed
+        log = (cluster.temp_dir / "node-0.log").read_text()
+        assert log.index("port taken") < log.index("Ray runtime started.")  # try 1 failed, try 2 up
     assert not cluster.temp_dir.exists()
 
 
+def test_a_node_is_up_only_once_it_says_it_started(monkeypatch):
+    """A node still starting is not counted as up: the cluster waits for Ray's own line, and a
+    node that never prints it times out with the log to read named."""
+    monkeypatch.setattr(ray_cluster, "node_command", lambda *args: fake_node("hangs"))
+    with pytest.raises(RuntimeError, match=r"ray start \(node 0\) did not say it started in 2 s; "
+                                           r"see .*node-0\.log"):
+        with local_cluster(nodes=1, timeout=2.0):
+            pass
+
+
 @pytest.mark.slow
-def test_a_node_that_keeps_exiting_fails_with_its_log_in_the_error(monkeypatch, tmp_path):
+def test_a_node_that_keeps_exiting_fails_with_its_log_in_the_error(monkeypatch):
     tries = []
     monkeypatch.setattr(ray_cluster, "node_command",
-                        lambda *args: tries.append(args) or fake_node(tmp_path / "up", exits=True))
-    monkeypatch.setattr(ray_cluster, "alive_nodes", lambda address: [])
+                        lambda *args: tries.append(args) or fake_node("exits"))
     with pytest.raises(NodeExited, match="(?s)node 0. exited with 1; the end of .*port taken"):
         with local_cluster(nodes=1):
             pass
