@@ -60,6 +60,8 @@ RECIPE: dict[str, Any] = {"local-optimizer": "adamw", "learning-rate": 0.01,
                           "weight-decay": 1e-4, "head-init": "random"}
 
 
+AUTO_VALIDATION_FRACTION = 0.1  # validation-fraction "auto" where the run makes a choice
+
 # Where a run's files live, which device ran it, how it meets faults and whether it was resumed:
 # none changes what the run computes (a fault it met is in its per-round records).
 NOT_PART_OF_THE_RESULT = frozenset({"run-name", "results-dir", "feature-cache-dir", "data-dir",
@@ -193,6 +195,14 @@ class RunConfig:
     noise_rate: float = _key(
         0.0, "data", "The fraction of training labels `label-noise` replaces, in [0, 1): "
         "exactly round(noise-rate × n), per class for `asymmetric`.")
+    validation_fraction: float | str = _key(
+        "auto", "data", "The share of the training split held back as validation rows, "
+        "seeded and stratified by (domain, class) before partitioning: no client trains on "
+        "them, and every choice the run makes (`robust-start`'s clients left out, the best "
+        "round) is scored on them, never on the test split. `auto`: "
+        f"{AUTO_VALIDATION_FRACTION} where the run makes a choice (`robust-start`), else 0 "
+        "(the run is row for row what it was). A share in [0, 0.5]; the encoder path holds "
+        "none ([Results](results.md#validation-rows)).")
     num_server_rounds: int = _key(
         20, "rounds", "Federated rounds; `0`: the heads' start is the whole run (FedNCM, "
         "Fed3R).")
@@ -262,6 +272,12 @@ class RunConfig:
         0.1, "rounds", "FedAdam's eta (Flower's default).")
     lbfgs_memory: int = _key(
         10, "rounds", 'With `server-optimizer = "lbfgs"`: the curvature pairs L-BFGS keeps.')
+    lbfgs_patience: int = _key(
+        3, "rounds", 'With `server-optimizer = "lbfgs"`: the rounds in a row a node may miss '
+        "(timed out, failed, refused) before its rows leave the server's objective, with one "
+        "warning naming it, and L-BFGS restarts from the heads it holds; until then a round "
+        "without every row sends the same heads again ([The centralised optimum]"
+        "(server-optimizer.md#a-node-that-does-not-answer)).")
     head_init: str = _key(
         "ridge", "start", "Where the heads start: `random` (torch's init: the recipe), "
         "`zeros`, `class-means` (FedNCM) or `ridge` (Fed3R); the last two are built by the "
@@ -284,7 +300,7 @@ class RunConfig:
     robust_start: str = _key(
         "none", "start", "`leave-out`: the server keeps each client's statistics and, before "
         "the start is used, builds it once without each client in turn; a client whose absence "
-        "raises the start's accuracy on the server's test split by more than "
+        "raises the start's accuracy on the validation rows (`validation-fraction`) by more than "
         "`robust-start-margin` is left out of the sums (not of the rounds) "
         "([Robustness](robustness.md)).", ROBUST_STARTS)
     robust_start_margin: float = _key(
@@ -434,6 +450,17 @@ class RunConfig:
                 "image_size": self.image_size or None}
 
     @property
+    def makes_choices(self) -> bool:
+        """Whether the run chooses something from data (validation-fraction "auto"); keep
+        `validation_share` in step."""
+        return self.robust_start != "none"
+
+    @property
+    def validation_share(self) -> float:
+        """`validation-fraction` resolved: the share of training rows held back."""
+        return validation_share(self.validation_fraction, self.robust_start, self.finetune)
+
+    @property
     def server_steps(self) -> bool:
         """Whether the server optimises the objective itself (the clients send gradients)."""
         return self.server_optimizer == "lbfgs"
@@ -467,6 +494,7 @@ class RunConfig:
                               'drift-correction="scaffold"; leave it "server"')
         _one_of("epoch-size", self.epoch_size, EPOCH_SIZES)
         _one_of("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
+        _at_least("lbfgs-patience", self.lbfgs_patience, 1)
         self._check_robustness()
         self._check_privacy()
         _one_of("head-init", self.head_init, HEAD_INITS)
@@ -560,6 +588,20 @@ class RunConfig:
         if not 0 <= self.robust_start_margin < 1:
             raise ConfigError("robust-start-margin", self.robust_start_margin,
                               "use an accuracy gain in [0, 1)")
+        self._check_validation_rows()
+
+    def _check_validation_rows(self) -> None:
+        """`validation-fraction`: "auto" or a share; a choice needs rows to be made on."""
+        share = self.validation_fraction
+        if share != "auto" and (isinstance(share, str) or not 0 <= share <= 0.5):
+            raise ConfigError("validation-fraction", share, 'use "auto" or a share in [0, 0.5]')
+        if share != "auto" and share > 0 and self.finetune != "none":
+            raise ConfigError("validation-fraction", share, "the encoder path holds no "
+                              'validation rows; use "auto" or 0')
+        if self.makes_choices and self.validation_share == 0:
+            raise ConfigError("validation-fraction", share, f"robust-start={self.robust_start!r} "
+                              "chooses on validation rows (never the test split); use \"auto\" "
+                              "or a share > 0")
 
     def _check_privacy(self) -> None:
         """DP's keys, and what a private run cannot use: anything that shows the server (or the
@@ -697,6 +739,14 @@ def default_pft() -> tuple[tuple[str, Any], ...]:
                         for f in fields(hyperparameters) if f.name not in shared))
 
 
+def validation_share(fraction: float | str, robust_start: str, finetune: str) -> float:
+    """`validation-fraction` resolved: "auto" holds rows back only where the run chooses
+    (`RunConfig.makes_choices`) on the cached-feature path."""
+    if fraction == "auto":
+        return AUTO_VALIDATION_FRACTION if robust_start != "none" and finetune == "none" else 0.0
+    return float(fraction)
+
+
 def check_num_clients(num_clients: int, num_samples: int) -> None:
     """Each client needs a chance of data: more clients than samples is a config error."""
     if num_clients < 1:
@@ -720,6 +770,10 @@ def _coerce(key: str, value: Any, type_name: Any) -> Any:
         return value
     if kind == "bool" and isinstance(value, bool):
         return value
+    if kind == "float | str" and isinstance(value, str):  # a number, or a word such as "auto"
+        return value
+    if kind == "float | str":
+        return _coerce(key, value, "float")
     raise ConfigError(key, value, f"expected a value of type {kind}")
 
 

@@ -206,7 +206,7 @@ def test_a_run_folder_gets_its_plot_and_finds_its_iid_twin(tmp_path, capsys):
     assert twin is not None and twin["config"]["run-name"] == "iid"
     assert summary_lines(summary, twin).splitlines() == [
         "  start (ridge)  round   0  accuracy 0.5000",
-        "  best           round   2  accuracy 0.6000",
+        "  best on test   round   2  accuracy 0.6000",
         "  final          round   2  accuracy 0.6000  (95% of it from round 2), R = 75.0%",
         "  10 clients, 3 s; per client over 2 rounds: 2.00 MB down, 1.00 MB up",
     ]

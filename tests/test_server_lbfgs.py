@@ -1,11 +1,15 @@
 """`server-optimizer = "lbfgs"` through the real ServerApp and ClientApp, in process: the same
 objective on every partition round after round (the gradient is exact), the regularised
-centralised optimum reached, reproducible from the seed, and a round missing a client's rows
-repeats its point instead of stepping on a wrong gradient."""
+centralised optimum reached, reproducible from the seed, every round scored on the heads the
+server holds (the last accepted point), and a round missing a client's rows repeats its point
+instead of stepping on a wrong gradient, until the client has missed `lbfgs-patience` rounds."""
+
+import logging
 
 import numpy as np
 import pytest
 import torch
+from flwr.app import Error, Message
 from scipy.optimize import minimize
 
 from ovalp_flwr.config import ConfigError, RunConfig
@@ -13,7 +17,7 @@ from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.features.cache import load_or_build
 from ovalp_flwr.federation.local_grid import app_config
-from test_validation import faulty_run  # tests/ is on sys.path under pytest
+from test_validation import faulty_run, in_training  # tests/ is on sys.path under pytest
 
 LAM = 0.01
 OPTIONS = {"server-optimizer": "lbfgs", "weight-decay": LAM}
@@ -88,6 +92,44 @@ def test_a_round_without_every_clients_gradient_repeats_its_point(cache_dir, tmp
     assert rounds[1]["accuracy"] == rounds[0]["accuracy"]  # the same heads again
     # then it goes on as the clean run, a round late
     assert [r["objective"] for r in rounds[2:]] == [r["objective"] for r in clean["rounds"][1:]]
+
+
+def test_every_round_scores_the_heads_the_server_holds_and_the_trial_point_beside_them(
+        cache_dir, tmp_path):
+    """The point sent next is a trial the line search may take back: a round's accuracy is the
+    last accepted point's (round 1's is the start's), the trial's is recorded beside it, and
+    an accepted trial is the next round's held point."""
+    summary = run(cache_dir, tmp_path, "held", rounds=6, partition="shard")
+    rounds = summary["rounds"]
+    assert rounds[0]["server_step"] == "first"
+    assert rounds[0]["accuracy"] == summary["initial_accuracy"]  # nothing accepted yet
+    assert rounds[0]["trial_accuracy"] != rounds[0]["accuracy"]
+    accepted = [r for r in range(1, 6) if rounds[r]["server_step"] == "accepted"]
+    assert accepted  # every head's step taken: the trial point became the held one
+    for r in accepted:
+        assert rounds[r]["accuracy"] == rounds[r - 1]["trial_accuracy"]
+    assert summary["final_accuracy"] == rounds[-1]["accuracy"]
+
+
+def test_a_node_that_stops_answering_leaves_the_objective_after_its_patience(cache_dir, tmp_path,
+                                                                            caplog):
+    """From round 2 one node's replies fail: rounds 2-3 send the same heads again, round 4 (its
+    third miss) drops its rows with one warning and L-BFGS starts again from the held heads;
+    the rounds after it descend the objective over the other nodes' rows."""
+    gone = in_training(lambda r, message, reply: reply if r < 2 else Message(
+        error=Error(code=0, reason="gone"), reply_to=message))
+    caplog.set_level(logging.WARNING)
+    grid, summary = faulty_run(cache_dir, tmp_path, gone, 8, "gone", **OPTIONS)
+    steps = [r["server_step"] for r in summary["rounds"]]
+    assert steps[:5] == ["first", "repeated", "repeated", "restarted", "first"]
+    assert summary["rounds"][3]["dropped_from_objective"] == [grid.bad]
+    assert set(steps[5:]) <= {"accepted", "shortened"}
+    assert [r["clients_sampled"] for r in summary["rounds"][4:]] == [3] * 4  # not asked again
+    warned = [r.getMessage() for r in caplog.records if "lbfgs-patience" in r.getMessage()]
+    assert len(warned) == 1 and f"node {grid.bad} missed 3 rounds in a row" in warned[0]
+    objective = [r["objective"] for r in summary["rounds"][4:]]
+    assert objective[-1] < objective[0]
+    assert summary["rounds"][3]["accuracy"] == summary["rounds"][2]["accuracy"]  # held heads
 
 
 def test_under_secagg_the_rounds_see_only_the_mean_and_descend_as_the_plain_ones(cache_dir,

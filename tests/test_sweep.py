@@ -224,3 +224,19 @@ def test_a_summary_from_before_a_key_existed_ran_what_came_before_it():
     started = RunSpec(0, (("method", "m"),), {"dataset": "digits", "seed": 0, **RECIPE,
                                               "head-init": "ridge"})
     assert config_mismatch(started, older) == "ran with head-init='(absent)', preset asks 'ridge'"
+
+
+def test_runs_are_compared_by_the_validation_rows_they_held_back():
+    """A run from before `validation-fraction` held none back: reused where the preset's
+    "auto" resolves to 0, rerun where it now holds rows back (its choices read the test split)."""
+    from ovalp_flwr.config import RunConfig
+
+    before = {k: v for k, v in RunConfig(seed=0).to_dict().items() if k != "validation-fraction"}
+    plain = RunSpec(0, (("m", "m"),), {"dataset": "digits", "seed": 0})
+    assert config_mismatch(plain, before) is None
+    checked = {"dataset": "digits", "seed": 0, "robust-start": "leave-out"}
+    assert config_mismatch(RunSpec(0, (("m", "m"),), checked),
+                           {**before, "robust-start": "leave-out"}) == \
+        "ran with validation-fraction=0.0, preset asks 0.1"
+    today = {**RunConfig.from_mapping(checked).to_dict(), "validation-fraction": "auto"}
+    assert config_mismatch(RunSpec(0, (("m", "m"),), checked), today) is None

@@ -116,6 +116,11 @@ class ServerLBFGS:
         following = self.base.point + self._rows(self.base.step) * self.base.direction
         return following, "shortened" if self.shortened else "accepted"
 
+    def restart(self) -> None:
+        """Forget the pairs and the accepted point: the objective changed (rows left it), and
+        the next gradient starts L-BFGS again as its first did."""
+        self.pairs, self.base, self.shortened = [], None, 0
+
     def _rows(self, per_part: np.ndarray) -> np.ndarray:
         """A per-part value as a column that broadcasts over the heads' rows."""
         return per_part[:, None]

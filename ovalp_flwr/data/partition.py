@@ -33,6 +33,7 @@ class PartitionSpec:
     dirichlet_alpha: float = 0.001
     zipf_s: float = 2.0
     within_domain: str = "iid"  # partition "domain": how each domain's clients split its rows
+    validation_fraction: float = 0.0  # held back before partitioning (data.holdout)
 
 
 def make_partitioner(

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ovalp_flwr.config import NOT_PART_OF_THE_RESULT, ConfigError, RunConfig
+from ovalp_flwr.config import NOT_PART_OF_THE_RESULT, ConfigError, RunConfig, validation_share
 from ovalp_flwr.ops import launch
 from ovalp_flwr.ops.console import quiet_flower
 from ovalp_flwr.ops.processes import sigterm_unwinds
@@ -58,7 +58,7 @@ BEFORE_THE_KEY: dict[str, Any] = {"local-optimizer": "adamw", "local-steps": 0,
                                   "server-optimizer": "fedavg", "server-learning-rate": 0.1,
                                   "epoch-size": "own-data", "head-init": "random",
                                   "pft.own-heads.mu": 0.0, "within-domain": "iid",
-                                  "pft-global": "clients"}
+                                  "pft-global": "clients", "validation-fraction": 0.0}
 
 
 class PresetError(ValueError):
@@ -244,12 +244,22 @@ def config_mismatch(spec: RunSpec, ran: dict[str, Any]) -> str | None:
     config = RunConfig.from_mapping(spec.run_config)
     wanted, used = config.to_dict(), set(config.personalization_methods)
     before = {**RunConfig().to_dict(), **BEFORE_THE_KEY}
+    ran = {**ran, "validation-fraction": _held_back(ran, before)}  # what "auto" resolved to
+    wanted["validation-fraction"] = config.validation_share
     for key, value in wanted.items():
         if key in NOT_PART_OF_THE_RESULT or _unused_knob(key, used):
             continue
         if ran.get(key, before[key]) != value:
             return f"ran with {key}={ran.get(key, '(absent)')!r}, preset asks {value!r}"
     return None
+
+
+def _held_back(ran: dict[str, Any], before: dict[str, Any]) -> float:
+    """The share of training rows a finished run held back: a run made before the key held
+    none; "auto" is compared by what it resolved to, so a run that chose nothing is reused."""
+    def value(key: str) -> Any:
+        return ran.get(key, before[key])
+    return validation_share(value("validation-fraction"), value("robust-start"), value("finetune"))
 
 
 def _unused_knob(key: str, methods: set[str]) -> bool:

@@ -1,5 +1,6 @@
-"""The server's score of the global model after every round, on its own test split, and the
-run's one line per round. Each path says how a model predicts (`_right`); the rest is here."""
+"""The server's score of the global model after every round, on its own test split (and on the
+validation rows, where the run holds some back), and the run's one line per round. Each path
+says how a model predicts (`_right`); the rest is here."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class CentralEvaluator(ABC):
         self.seconds: dict[int, float] = {}  # round -> seconds of its evaluation
         self.round_seconds: dict[int, float] = {}  # round -> seconds from the last one's end
         self.done_at: dict[int, float] = {}  # round -> when its evaluation ended
+        self.validation_accuracy: dict[int, float] = {}  # round -> on the validation rows
         self.config = config
         self.round_info: Callable[[int], dict] = lambda _round: {}  # the strategy's record
 
@@ -42,6 +44,9 @@ class CentralEvaluator(ABC):
         start = time.perf_counter()
         right = self._right(arrays)
         acc = float(right.float().mean())
+        on_validation = self._right_on_validation(arrays)
+        if on_validation is not None:
+            self.validation_accuracy[server_round] = float(on_validation.float().mean())
         if self.domain_names:
             self.domain_accuracy[server_round] = self._per_domain(right)
         ended = self.done_at[server_round] = time.perf_counter()
@@ -51,27 +56,36 @@ class CentralEvaluator(ABC):
         self._say_round(server_round, acc)
         return MetricRecord({p.ACCURACY: acc})
 
+    def score(self, arrays: ArrayRecord) -> float:
+        """Test accuracy of `arrays`, recorded nowhere (a trial point's, beside the round's)."""
+        return float(self._right(arrays).float().mean())
+
     @abstractmethod
     def _right(self, arrays: ArrayRecord) -> torch.Tensor:
         """Which test rows the model `arrays` predicts right (bool [N]): one forward pass for
         the union and every domain."""
 
+    def _right_on_validation(self, arrays: ArrayRecord) -> torch.Tensor | None:
+        """Which validation rows the model predicts right, or None where the run holds none."""
+        return None
+
     def state(self) -> dict:
         """What a checkpoint keeps of the rounds scored so far."""
         return {"domain_accuracy": self.domain_accuracy, "seconds": self.seconds,
-                "round_seconds": self.round_seconds}
+                "round_seconds": self.round_seconds,
+                "validation_accuracy": self.validation_accuracy}
 
     def restore(self, state: dict) -> None:
         """Back to `state`; the next round's seconds count from now."""
-        for name in ("domain_accuracy", "seconds", "round_seconds"):
-            setattr(self, name, {int(r): value for r, value in state[name].items()})
+        for name in ("domain_accuracy", "seconds", "round_seconds", "validation_accuracy"):
+            setattr(self, name, {int(r): value for r, value in state.get(name, {}).items()})
         last = max(self.seconds)
         self.done_at[last] = time.perf_counter()
 
     def recheck(self, server_round: int, arrays: ArrayRecord, recorded: float) -> None:
         """A resumed head must score on this test set what it scored at `server_round`: else
         the server's data or normalisation changed, and the rounds would not go on the same."""
-        scored = float(self._right(arrays).float().mean())
+        scored = self.score(arrays)
         if abs(scored - recorded) * len(self.labels) > 0.5:
             raise FederationError(f"resume: the checkpoint's head scores {scored:.4f} here but "
                                   f"{recorded:.4f} at round {server_round}: the server's test "
@@ -88,11 +102,13 @@ class CentralEvaluator(ABC):
         and failed clients if any."""
         width = len(str(self.config.num_server_rounds))
         where = f"round {server_round:>{width}}/{self.config.num_server_rounds}"
+        validation = self.validation_accuracy.get(server_round)
+        on_validation = f"  validation {validation:.4f}" if validation is not None else ""
         if server_round == 0:
-            say(INFO, "%s  %-8s accuracy %.4f", where, "start", acc)
+            say(INFO, "%s  %-8s accuracy %.4f%s", where, "start", acc, on_validation)
             return
         info = self.round_info(server_round)
         faults = ", ".join(f"{info[key]} {what}" for key, what in ROUND_FAULTS if info.get(key))
-        say(INFO, "%s  stage %d  accuracy %.4f  %5.1f s%s", where,
-            self.config.stage_for_round(server_round), acc, self.round_seconds[server_round],
-            f"  ({faults})" if faults else "")
+        say(INFO, "%s  stage %d  accuracy %.4f%s  %5.1f s%s", where,
+            self.config.stage_for_round(server_round), acc, on_validation,
+            self.round_seconds[server_round], f"  ({faults})" if faults else "")

@@ -31,6 +31,7 @@ from safetensors.numpy import save as st_save
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.durable import replace_durably
 from ovalp_flwr.core.training import LocalSchedule
+from ovalp_flwr.data.holdout import training_rows, validation_rows
 from ovalp_flwr.data.noise import NoiseSpec, noisy_labels
 from ovalp_flwr.data.partition import PartitionSpec, partition_indices
 from ovalp_flwr.features.cache import (CachedFeatures, CacheError, cache_path, feature_space,
@@ -98,7 +99,7 @@ def node_features(source: FeatureSource) -> CachedFeatures:
 def partition_spec(config: RunConfig) -> PartitionSpec:
     return PartitionSpec(config.partition, config.seed, config.classes_per_client,
                          config.dirichlet_p, config.dirichlet_alpha, config.zipf_s,
-                         config.within_domain)
+                         config.within_domain, config.validation_share)
 
 
 def noise_spec(config: RunConfig) -> NoiseSpec:
@@ -112,15 +113,25 @@ def train_labels(source: FeatureSource, noise: NoiseSpec) -> np.ndarray:
     return noisy_labels(cached.train.y, cached.num_classes, noise)
 
 
+def held_rows(cached: CachedFeatures, spec: PartitionSpec) -> np.ndarray:
+    """The training split's validation rows (`data.holdout`): no client trains on them; the
+    server scores its choices on them."""
+    return validation_rows(cached.train.y, cached.train.domain, spec.validation_fraction,
+                           spec.seed)
+
+
 @lru_cache(maxsize=4)
 def _partition(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
                num_partitions: int) -> tuple[np.ndarray, ...]:
-    """Partitioned on the noisy labels: noise comes first, as in the benchmarks."""
+    """Partitioned on the noisy labels (noise comes first, as in the benchmarks), after the
+    validation rows are held back; indices are rows of the whole training split."""
     cached = node_features(source)
+    rows = training_rows(len(cached.train.y), held_rows(cached, spec))
     needs_features = "feature-skew" in (spec.kind, spec.within_domain)
-    return tuple(partition_indices(spec, train_labels(source, noise), num_partitions,
-                                   cached.train.x if needs_features else None,
-                                   cached.train.domain))
+    parts = partition_indices(spec, train_labels(source, noise)[rows], num_partitions,
+                              cached.train.x[rows] if needs_features else None,
+                              cached.train.domain[rows])
+    return tuple(rows[part] for part in parts)
 
 
 def all_partitions(config: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:

@@ -88,7 +88,9 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 
 def _rounds_csv(rounds: list[dict[str, Any]]) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=ROUND_COLUMNS, extrasaction="ignore")
+    columns = ROUND_COLUMNS if not any("val_accuracy" in r for r in rounds) \
+        else (*ROUND_COLUMNS[:2], "val_accuracy", *ROUND_COLUMNS[2:])  # held-back rows' score
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rounds)
     return buffer.getvalue()

@@ -87,7 +87,8 @@ class Checkpoints:
         self.resumes = [*state["resumes"], {"round": k, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}]
         arrays = p.to_record(unpack("global", checkpoint.arrays))
         result = _result(state["result"], arrays)
-        self.evaluator.recheck(k, arrays, float(result.evaluate_metrics_serverapp[k][p.ACCURACY]))
+        self.evaluator.recheck(k, self.strategy.held(arrays),  # the heads round k scored
+                               float(result.evaluate_metrics_serverapp[k][p.ACCURACY]))
         return {"initial_arrays": arrays, "resume": result, "first_round": k + 1}
 
 

@@ -75,8 +75,8 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
                   **wiring) -> Staged:
     """The run's strategy: FedAvg or FedAdam, with its staging and quantity-skew options (or
     `strategy_class` with those options: FLoRA's); or the server's L-BFGS, preconditioned by
-    the federation's `statistics` (with their Gram matrix), each node's sample count in `sizes`
-    (for its rounds under SecAgg+)."""
+    the federation's `statistics` (with their Gram matrix), over the rows each node described
+    (`sizes`: node -> sample count)."""
     options = dict(
         stage_for_round=config.stage_for_round,
         seed=config.seed,
@@ -100,9 +100,8 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         optimizer = ServerLBFGS(GramPreconditioner(statistics, config.weight_decay),
                                 memory=config.lbfgs_memory, separable=config.head == "ova")
         return StagedLBFGS(optimizer=optimizer, weight_decay=config.weight_decay,
-                           total_examples=statistics.num_samples,
-                           secure=config.statistics_aggregation == "secagg+", sizes=sizes,
-                           **options)
+                           sizes=sizes or {}, patience=config.lbfgs_patience,
+                           secure=config.statistics_aggregation == "secagg+", **options)
     if strategy_class is not None:
         return strategy_class(**options)
     if config.server_optimizer == "fedadam":

@@ -7,6 +7,14 @@ replies pass the same screen as trained ones (shapes, sample counts, finiteness)
 sample-weighted mean is the centralised gradient, and the server adds the weight decay once. A
 round whose replies do not cover every row the federation described (a node timed out, or a
 reply was refused) would give a wrong gradient: the server sends the same heads again instead.
+The rows are those the nodes' `describe` replies counted (not the summed statistics, which DP
+noise or a forger may change). A node missing `lbfgs-patience` rounds in a row is dropped from
+the objective with one warning naming it, and L-BFGS starts again from the heads it holds: the
+run goes on over the other nodes' rows instead of repeating the same point forever.
+
+The model the server holds after a round is L-BFGS's last accepted point (`held`), not the
+trial point it sends next, which the next round's line search may take back: every round is
+scored on the held heads, the trial point's accuracy beside it.
 
 With `statistics-aggregation = "secagg+"` the gradients are averaged under Flower's SecAgg+ as
 the statistics are (`secure_sum.secure_average`): the server sees only the federation's mean
@@ -16,7 +24,8 @@ gradient, loss and curvature, quantised (`GRADIENT_CLIPPING`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from logging import WARNING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
@@ -32,6 +41,7 @@ from ovalp_flwr.federation.protocol import (CURVATURE, LOSSES, NUM_EXAMPLES, TRA
 from ovalp_flwr.federation.replies import TrainReply, weighted_metrics
 from ovalp_flwr.federation.secure_sum import secure_average
 from ovalp_flwr.federation.strategy import Staged, message_bytes
+from ovalp_flwr.ops.console import say
 
 # |entry| a client's mean gradient, loss or curvature may have under SecAgg+: standardised
 # features keep a mean gradient entry far below it; the quantisation step is 2·64 / 2^24 ≈ 8e-6
@@ -40,30 +50,54 @@ GRADIENT_CLIPPING = 64.0
 
 class StagedLBFGS(Staged, FedAvg):
     """The round loop, sampling, screening and checkpoints of `Staged`; the server's step is
-    L-BFGS on the exact gradient. `sizes`: each node's sample count, for SecAgg+ (`secure`)."""
+    L-BFGS on the exact gradient. `sizes`: each node's sample count as its `describe` reply
+    gave it, the rows the objective is over; `patience`: the rounds in a row a node may miss
+    before it is dropped from the objective (`lbfgs-patience`)."""
 
-    def __init__(self, *, optimizer: ServerLBFGS, weight_decay: float, total_examples: int,
-                 secure: bool = False, sizes: dict[int, int] | None = None, **options) -> None:
+    def __init__(self, *, optimizer: ServerLBFGS, weight_decay: float, sizes: dict[int, int],
+                 secure: bool = False, patience: int = 3, **options) -> None:
         super().__init__(**options)
         self.optimizer = optimizer
         self.weight_decay = weight_decay
-        self.total_examples = total_examples  # the rows the objective is over
-        self.secure, self.sizes = secure, dict(sizes or {})
+        self.secure, self.sizes = secure, dict(sizes)
+        self.patience = patience
+        self.missed: dict[int, int] = {}  # node -> rounds in a row its gradient was missing
+        self.dropped: list[int] = []  # nodes no longer in the objective, in the order dropped
+
+    @property
+    def total_examples(self) -> int:
+        """The rows the objective is over: every node's still in it, as described."""
+        return sum(self.sizes.values())
+
+    def held(self, arrays: ArrayRecord) -> ArrayRecord:
+        """L-BFGS's last accepted point: the heads the server would return (the point sent
+        next is a trial the line search may take back)."""
+        base = self.optimizer.base
+        if base is None:
+            return arrays
+        return to_record({"weight": base.point[:, :-1].astype(np.float32),
+                          "bias": base.point[:, -1].astype(np.float32)})
 
     def _combine(self, server_round: int, trained: list[TrainReply],
                  mean: dict[str, np.ndarray]) -> tuple[ArrayRecord, MetricRecord]:
-        examples = sum(int(reply.metrics[NUM_EXAMPLES]) for reply in trained)
         metrics = weighted_metrics(trained)
-        return self._step(server_round, mean, metrics, examples), metrics
+        counted = {reply.node: int(reply.metrics[NUM_EXAMPLES]) for reply in trained}
+        return self._step(server_round, mean, metrics, counted), metrics
 
     def _step(self, server_round: int, mean: dict[str, np.ndarray], metrics: MetricRecord,
-              examples: int) -> ArrayRecord:
-        """The next heads from the mean gradient, loss and curvature over `examples` rows: the
-        same heads again unless they are every row."""
+              counted: dict[int, int]) -> ArrayRecord:
+        """The next heads from the mean gradient, loss and curvature over the rows `counted`
+        (node -> rows): the same heads again unless they are every row of the objective."""
         record = self.rounds.setdefault(server_round, {})
-        if examples != self.total_examples:
+        missing = self._missing(server_round, counted)
+        if missing:
             record["server_step"] = "repeated"  # a partial sum is not the gradient
-            return to_record(self._global)
+            if not self._drop_lasting(server_round, missing):
+                return to_record(self._global)
+            record["server_step"] = "restarted"  # from the held heads, on the rows still in it
+            restart = self.held(to_record(self._global))
+            self.optimizer.restart()
+            return restart
         weight = self._global["weight"].astype(np.float64)
         point = np.column_stack([weight, self._global["bias"].astype(np.float64)])
         gradient = np.column_stack([mean["weight"] + self.weight_decay * weight, mean["bias"]])
@@ -109,17 +143,50 @@ class StagedLBFGS(Staged, FedAvg):
         metrics = MetricRecord({TRAIN_LOSS: result.loss,
                                 CURVATURE: [float(h) for h in result.curvature],
                                 LOSSES: [float(loss) for loss in result.losses]})
-        examples = sum(self.sizes[n] for n in average.contributors)
         mean = {"weight": result.weight, "bias": result.bias}
-        return self._step(server_round, mean, metrics, examples), metrics
+        counted = {n: self.sizes[n] for n in average.contributors}
+        return self._step(server_round, mean, metrics, counted), metrics
+
+    def _missing(self, server_round: int, counted: dict[int, int]) -> list[int]:
+        """The objective's nodes whose rows this round's sum lacks (each one's missed rounds
+        in a row counted), or every node when the sum holds rows it should not."""
+        expected = {node: rows for node, rows in self.sizes.items() if rows > 0}
+        missing = [node for node in expected if counted.get(node) != expected[node]]
+        strangers = [node for node in counted if counted[node] and node not in expected]
+        for node in expected:
+            self.missed[node] = self.missed.get(node, 0) + 1 if node in missing else 0
+        return missing + strangers
+
+    def _drop_lasting(self, server_round: int, missing: Iterable[int]) -> bool:
+        """Drop from the objective every node that has now missed `patience` rounds in a row;
+        whether any was. Its rows leave the objective, so L-BFGS's pairs no longer hold."""
+        lasting = [node for node in missing if self.missed.get(node, 0) >= self.patience]
+        for node in lasting:
+            say(WARNING, "round %s: node %s missed %s rounds in a row: its %s rows leave the "
+                "server's objective (lbfgs-patience), and L-BFGS restarts from the heads it "
+                "holds", server_round, node, self.missed[node], self.sizes[node])
+            self.sizes.pop(node)
+            self.missed.pop(node)
+            self.excluded.add(node)  # no longer sampled: a gradient from it would not fit
+            self.dropped.append(node)
+        if lasting:
+            self.rounds[server_round]["dropped_from_objective"] = lasting
+        return bool(lasting)
 
     def state(self, partition_of: Callable[[int], int]) -> tuple[dict[str, np.ndarray], dict]:
         arrays, state = super().state(partition_of)
         optimizer_arrays, state["lbfgs"] = self.optimizer.state()
+        state["lbfgs"]["missed"] = {str(partition_of(n)): count for n, count in self.missed.items()}
+        state["lbfgs"]["dropped"] = [partition_of(n) for n in self.dropped]
         arrays.update(pack("lbfgs", optimizer_arrays))
         return arrays, state
 
     def restore(self, arrays: dict[str, np.ndarray], state: dict,
                 node_of: Callable[[int], int]) -> None:
         super().restore(arrays, state, node_of)
-        self.optimizer.restore(unpack("lbfgs", arrays), state["lbfgs"])
+        numbers = state["lbfgs"]
+        self.optimizer.restore(unpack("lbfgs", arrays), numbers)
+        self.missed = {node_of(int(pid)): count for pid, count in numbers.get("missed", {}).items()}
+        self.dropped = [node_of(pid) for pid in numbers.get("dropped", [])]
+        for node in self.dropped:
+            self.sizes.pop(node, None)

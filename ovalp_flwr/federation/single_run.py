@@ -81,9 +81,13 @@ def summary_lines(summary: dict[str, Any], twin: dict[str, Any] | None = None) -
     best = max(range(min(1, len(rounds)), len(curve)), key=curve.__getitem__)  # as summary.json
     at_bar = first_round_at(curve, ACC_AT_FRACTION * summary["final_accuracy"])
     start = summary.get("head_init", {}).get("name", "random")
-    labels = [f"start ({start})", "best", "final"]
-    width = max(map(len, labels))
-    rows = [(labels[0], 0), (labels[1], best), (labels[2], len(rounds))]
+    # the round picked on test is a figure of the curve; the one picked on validation rows is
+    # the model a user could have chosen
+    rows = [(f"start ({start})", 0), ("best on test", best)]
+    if "best_val_round" in summary:
+        rows.append(("best on val.", summary["best_val_round"]))
+    rows.append(("final", len(rounds)))
+    width = max(len(label) for label, _ in rows)
     lines = [f"  {label:<{width}}  round {index:>3}  accuracy {curve[index]:.4f}"
              for label, index in rows]
     lines[-1] += f"  ({ACC_AT_FRACTION:.0%} of it from round {at_bar})"

@@ -133,11 +133,14 @@ class Staged:
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
               *, resume: Result | None = None, first_round: int = 1,
-              after_round: Callable[[int, ArrayRecord, Result], None] | None = None) -> Result:
+              after_round: Callable[[int, ArrayRecord, Result], None] | None = None,
+              trial_score: Callable[[ArrayRecord], float] | None = None) -> Result:
         """Flower's round loop (`Strategy.start`: train, client-side evaluation, the server's
-        evaluation), with two additions: `after_round(round, arrays, result)` once a round is
-        scored (the run's checkpoint), and a start at `first_round` from `resume`, the result
-        of the rounds before it (then `initial_arrays` are its last round's)."""
+        evaluation), with three additions: the server scores the heads it holds (`held`: the
+        model it would return), and `trial_score` the point sent next where that differs;
+        `after_round(round, arrays, result)` once a round is scored (the run's checkpoint);
+        and a start at `first_round` from `resume`, the result of the rounds before it (then
+        `initial_arrays` are its last round's). The result ends with the held heads."""
         train_config = train_config or ConfigRecord()
         evaluate_config = evaluate_config or ConfigRecord()
         result = resume or Result()
@@ -156,12 +159,21 @@ class Staged:
             replies = grid.send_and_receive(evaluate, timeout=timeout) if evaluate else []
             self._record(result.evaluate_metrics_clientapp, server_round,
                          self.aggregate_evaluate(server_round, replies))
+            held = self.held(arrays)
+            if trial_score is not None and held is not arrays:
+                self.rounds.setdefault(server_round, {})["trial_accuracy"] = trial_score(arrays)
             if evaluate_fn is not None:
                 self._record(result.evaluate_metrics_serverapp, server_round,
-                             evaluate_fn(server_round, arrays))
+                             evaluate_fn(server_round, held))
             if after_round is not None:
                 after_round(server_round, arrays, result)
+        result.arrays = self.held(arrays)
         return result
+
+    def held(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The heads the server would return after a round that ends with `arrays` to send
+        next: those heads themselves, for a strategy whose step is its model (FedAvg)."""
+        return arrays
 
     def train_round(self, grid: Grid, server_round: int, arrays: ArrayRecord,
                     train_config: ConfigRecord, timeout: float

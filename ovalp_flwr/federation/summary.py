@@ -26,7 +26,10 @@ def run_summary(config: RunConfig, result: Result, strategy: Staged,
     local = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_clientapp.items()}
     last = config.num_server_rounds  # 0: the start is the result
     rounds = [
-        {"round": r, "accuracy": accuracies[r], "local_accuracy": local.get(r),
+        {"round": r, "accuracy": accuracies[r],
+         **({"val_accuracy": evaluator.validation_accuracy[r]}
+            if r in evaluator.validation_accuracy else {}),
+         "local_accuracy": local.get(r),
          **strategy.rounds.get(r, {}), "server_eval_seconds": evaluator.seconds[r],
          "round_seconds": evaluator.round_seconds[r],
          **({"domain_accuracy": evaluator.domain_accuracy[r]} if evaluator.domain_names else {})}
@@ -37,6 +40,8 @@ def run_summary(config: RunConfig, result: Result, strategy: Staged,
         if evaluator.domain_names else {}
     return {**domains,
         "final_accuracy": accuracies[last],
+        # picked on the test split: a figure of the curve, not a model anyone could choose
+        # (the round chosen on validation rows: best_val_round, where the run holds some)
         "best_accuracy": max(accuracies[r] for r in range(min(1, last), last + 1)),
         "initial_accuracy": accuracies[0],
         "num_clients": partition.num_clients,

@@ -2,7 +2,8 @@
 rounds on the heads, results. `server_app.py` chooses this path when `finetune = "none"`.
 
 Order of a run:
-1. build or load the feature cache (the server scores the global head on its test split);
+1. build or load the feature cache (the server scores the global head on its test split, and
+   makes its choices on the validation rows no client trains on: `data.holdout`);
 2. `query.describe` to every client: partition ids, sample counts, feature moments;
 3. `query.set_norm`: the global mean/std every client normalises with; its replies carry the
    clients' class statistics when the heads start from them (`head-init`);
@@ -39,7 +40,7 @@ from ovalp_flwr.federation.checkpoint import FILE as CHECKPOINT_FILE
 from ovalp_flwr.federation.checkpoint import part_files
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError, SetupCosts, wait_for_nodes
-from ovalp_flwr.federation.node import all_partitions, resolve_path
+from ovalp_flwr.federation.node import all_partitions, held_rows, partition_spec, resolve_path
 from ovalp_flwr.federation.privacy import privacy_report, private_statistics, statistics_noise
 from ovalp_flwr.federation.results import default_run_name, write_run
 from ovalp_flwr.federation.resume import Checkpoints, resumable
@@ -70,7 +71,9 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     if config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
         setup.statistics.total = private_statistics(setup.statistics.total, statistics_noise(config),
                                                     config.dp_feature_clip, config.seed)
-    checked = checked_start(config, init, setup, cache) if config.robust_start != "none" else {}
+    validation = validation_rows(config, cache, setup.norm)
+    checked = checked_start(config, init, setup, validation) \
+        if config.robust_start != "none" else {}
     initial, start = initial_head(config, init, setup.statistics, cache)
     start.update(checked)
     clients, stats = setup.clients, setup.norm
@@ -88,7 +91,7 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
         statistics=setup.statistics.total,
         sizes={node: int(c[p.NUM_EXAMPLES]) for node, c in clients.items()},
     )
-    evaluator = FeatureEvaluator(cache, config, stats)
+    evaluator = FeatureEvaluator(cache, config, stats, validation)
     evaluator.round_info = lambda server_round: strategy.rounds.get(server_round, {})
     checkpoints = Checkpoints(run_dir, config, strategy, evaluator, clients, stats, start)
     where = checkpoints.restore(resumed) if resumed else {"initial_arrays": p.to_record(initial)}
@@ -100,11 +103,15 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
         timeout=config.round_timeout,
         evaluate_fn=evaluator,
         after_round=checkpoints,
+        trial_score=evaluator.score,  # L-BFGS: the point sent next, beside the held heads
         **where,  # the start, or where the checkpoint left off
     )
     summary = run_summary(config, result, strategy, evaluator, setup.partition,
                           _feature_info(cache, stats))
     finish_run(summary, config, clients, steps, setup.costs)
+    if validation is not None:
+        summary.update(validation_summary(config, validation, evaluator.validation_accuracy,
+                                          summary))
     summary["head_init"] = checkpoints.head_init
     if config.dp_statistics_epsilon > 0 or config.dp_rounds_epsilon > 0:
         summary["privacy"] = privacy_report(config)
@@ -187,24 +194,61 @@ def initial_head(config: RunConfig, init: HeadInit, summed: StatisticsSum,
     return {**adapter, "weight": weight, "bias": bias}, info
 
 
-def checked_start(config: RunConfig, init: HeadInit, setup: SetUp, cache: CachedFeatures) -> dict:
+@dataclass(frozen=True)
+class ValidationRows:
+    """The server's validation rows, normalised as the clients' features (clean labels)."""
+
+    features: np.ndarray  # float32 [n, D]
+    labels: np.ndarray  # int64 [n]
+
+
+def validation_rows(config: RunConfig, cache: CachedFeatures,
+                    norm: NormStats | None) -> ValidationRows | None:
+    """The training rows no client holds (`validation-fraction`), or None where the run holds
+    none back. The server has the training split in its cache, as it has for the partition
+    summary; nodes with their own data hold back their share of theirs."""
+    held = held_rows(cache, partition_spec(config))
+    if not len(held):
+        return None
+    return ValidationRows(normalize(config.feature_norm, cache.train.x[held], norm),
+                          cache.train.y[held].astype(np.int64))
+
+
+def validation_summary(config: RunConfig, validation: ValidationRows, scored: dict[int, float],
+                       summary: dict) -> dict:
+    """What summary.json says of the validation rows and the round they pick: the best round
+    by validation accuracy (the earliest of equals; among the rounds `best_accuracy` ranges
+    over), and that round's test accuracy."""
+    last = config.num_server_rounds
+    best = max(range(min(1, last), last + 1), key=lambda r: (scored[r], -r))
+    test = [summary["initial_accuracy"], *(r["accuracy"] for r in summary["rounds"])]
+    return {"validation": {"fraction": config.validation_share, "rows": len(validation.labels),
+                           "initial_accuracy": scored[0], "final_accuracy": scored[last]},
+            "best_val_round": best, "accuracy_at_best_val_round": test[best]}
+
+
+def checked_start(config: RunConfig, init: HeadInit, setup: SetUp,
+                  validation: ValidationRows | None) -> dict:
     """`robust-start = "leave-out"`: the clients whose absence makes the start more accurate on
-    the server's test split (`head_init.leave_out`) taken out of its sums; what `summary.json`
-    says of them. They stay in the rounds, where `robust-aggregation` bounds their updates:
-    under label skew a client may hold a class alone, and only its rounds can teach it."""
+    the validation rows (`head_init.leave_out`; never the test split) taken out of its sums;
+    what `summary.json` says of them. They stay in the rounds, where `robust-aggregation`
+    bounds their updates: under label skew a client may hold a class alone, and only its rounds
+    can teach it."""
     summed = setup.statistics
     if summed.total is None:
         return {}
+    assert validation is not None, "config validation: robust-start needs validation rows"
     started = time.perf_counter()
-    features = normalize(config.feature_norm, cache.test.x, setup.norm)
     parts = summed.kept
-    check = leave_out_check(init, summed.total, parts, features, cache.test.y, config.seed,
-                            config.robust_start_margin)
+    check = leave_out_check(init, summed.total, parts, validation.features, validation.labels,
+                            config.seed, config.robust_start_margin)
     partition = [int(setup.clients[node][p.PARTITION_ID]) for node in check.left_out]
     summed.drop(check.left_out)
-    say(INFO, "robust-start: %d of %d clients left out (start %.4f with all; %.1f s)",
-        len(check.left_out), len(parts), check.accuracy, time.perf_counter() - started)
-    return {"check_accuracy": check.accuracy, "left_out": partition, "gains": check.gains,
+    say(INFO, "robust-start: %d of %d clients left out (start %.4f with all, on %d validation "
+        "rows; %.1f s)", len(check.left_out), len(parts), check.accuracy,
+        len(validation.labels), time.perf_counter() - started)
+    return {"check_accuracy": check.accuracy, "checked_on": "validation",
+            "left_out": partition, "gains": check.gains,
             "check_seconds": time.perf_counter() - started}
 
 
@@ -219,16 +263,30 @@ def _feature_info(cache: CachedFeatures, stats: NormStats | None) -> dict:
 
 
 class FeatureEvaluator(CentralEvaluator):
-    """Scores the global head on the server's cached test features, normalised as the clients'."""
+    """Scores the global head on the server's cached test features, normalised as the clients',
+    and on the validation rows where the run holds some back."""
 
-    def __init__(self, cache: CachedFeatures, config: RunConfig, stats: NormStats | None) -> None:
+    def __init__(self, cache: CachedFeatures, config: RunConfig, stats: NormStats | None,
+                 validation: ValidationRows | None = None) -> None:
         self.device = resolve_device(config.device)
         features = normalize(config.feature_norm, cache.test.x, stats)
         self.features = torch.from_numpy(features).to(self.device)
+        self.validation = None if validation is None else (
+            torch.from_numpy(validation.features).to(self.device),
+            torch.from_numpy(validation.labels).to(self.device))
         super().__init__(config, torch.from_numpy(cache.test.y.astype(np.int64)).to(self.device),
                          torch.from_numpy(cache.test.domain).to(self.device), cache.domain_names)
 
+    def _head(self, arrays: ArrayRecord) -> torch.nn.Module:
+        return model_from_numpy(p.from_record(arrays), self.device, self.config.adapter_activation)
+
     def _right(self, arrays: ArrayRecord) -> torch.Tensor:
-        head = model_from_numpy(p.from_record(arrays), self.device, self.config.adapter_activation)
         with torch.inference_mode():
-            return head(self.features).argmax(dim=1) == self.labels
+            return self._head(arrays)(self.features).argmax(dim=1) == self.labels
+
+    def _right_on_validation(self, arrays: ArrayRecord) -> torch.Tensor | None:
+        if self.validation is None:
+            return None
+        features, labels = self.validation
+        with torch.inference_mode():
+            return self._head(arrays)(features).argmax(dim=1) == labels

@@ -1,0 +1,95 @@
+"""Validation rows (`data.holdout`): a seeded, stratified share no client trains on, and the
+run's choices made on them, never on the test split."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.data.holdout import training_rows, validation_rows
+from ovalp_flwr.features.cache import load_or_build
+from ovalp_flwr.federation.local_grid import run_local
+from ovalp_flwr.federation.node import all_partitions, held_rows, partition_spec
+from ovalp_flwr.federation.results import read_summary
+from ovalp_flwr.ova import server
+
+
+def test_every_stratum_gives_its_share_and_keeps_a_row():
+    labels = np.repeat([0, 1, 2, 3], [100, 40, 5, 1])
+    domains = np.tile([0, 1], len(labels) // 2)
+    held = validation_rows(labels, domains, 0.1, seed=0)
+    assert np.all(np.diff(held) > 0)  # sorted, no row twice
+    for domain in (0, 1):
+        for label, share in ((0, 5), (1, 2), (2, 0)):  # round(0.1 x 50), round(0.1 x 20), 0
+            in_stratum = (labels[held] == label) & (domains[held] == domain)
+            assert in_stratum.sum() == share
+    assert 3 not in labels[held]  # a stratum's last row stays with the clients
+    assert np.array_equal(held, validation_rows(labels, domains, 0.1, seed=0))
+    assert not np.array_equal(held, validation_rows(labels, domains, 0.1, seed=1))
+    assert len(validation_rows(labels, None, 0.0, seed=0)) == 0
+    assert np.array_equal(training_rows(len(labels), held),
+                          np.setdiff1d(np.arange(len(labels)), held))
+    with pytest.raises(ValueError, match="validation fraction 1.0 is not allowed"):
+        validation_rows(labels, None, 1.0, seed=0)
+
+
+def test_the_clients_partition_every_row_but_the_validation_rows(cache_dir):
+    config = RunConfig.from_mapping({"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                                     "validation-fraction": 0.2, "partition": "shard"})
+    cache = load_or_build("digits", "pixels", cache_dir, progress=False)
+    held = held_rows(cache, partition_spec(config))
+    parts = all_partitions(config, 10)
+    trained = np.concatenate(parts)
+    assert len(np.intersect1d(trained, held)) == 0
+    assert len(trained) + len(held) == len(cache.train.y) and len(set(trained)) == len(trained)
+    assert abs(len(held) - 0.2 * len(cache.train.y)) < 10  # per class rounding
+    unheld = dataclasses.replace(config, validation_fraction="auto")
+    assert sum(map(len, all_partitions(unheld, 10))) == len(cache.train.y)  # chooses nothing
+
+
+def test_validation_fraction_resolves_where_the_run_chooses_and_refuses_what_cannot_be():
+    assert RunConfig().validation_share == 0.0  # the default run chooses nothing: as it was
+    assert RunConfig.from_mapping({"robust-start": "leave-out"}).validation_share == 0.1
+    assert RunConfig.from_mapping({"validation-fraction": 0.25}).validation_share == 0.25
+    for value, why in ((0.6, r"use \"auto\" or a share in \[0, 0.5\]"),
+                       ("some", r"use \"auto\" or a share")):
+        with pytest.raises(ConfigError, match=f"validation-fraction={value!r} is not allowed; {why}"):
+            RunConfig.from_mapping({"validation-fraction": value})
+    with pytest.raises(ConfigError, match="robust-start='leave-out' chooses on validation rows"):
+        RunConfig.from_mapping({"validation-fraction": 0, "robust-start": "leave-out"})
+    with pytest.raises(ConfigError, match="the encoder path holds no validation rows"):
+        RunConfig.from_mapping({"validation-fraction": 0.1, "finetune": "lp",
+                                "encoder": "efficientnet-lite0"})
+
+
+def with_test_labels_permuted(monkeypatch):
+    """The server's cache with its test labels shuffled: a choice that reads them moves."""
+    def load(*args, **kwargs):
+        cache = load_or_build(*args, **kwargs)
+        labels = np.random.default_rng(7).permutation(cache.test.y)
+        return dataclasses.replace(cache, test=dataclasses.replace(cache.test, y=labels))
+    monkeypatch.setattr(server, "load_or_build", load)
+
+
+def test_permuting_the_test_labels_changes_no_choice_a_run_makes(cache_dir, tmp_path, monkeypatch):
+    """A forger the start check leaves out, and the best round: both chosen on validation rows,
+    so the test split's labels, shuffled, move the scores and nothing else."""
+    options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir), "num-server-rounds": 3,
+               "results-dir": str(tmp_path), "partition": "shard", "attack": "stats-gram",
+               "attack-fraction": 0.1, "ridge-lambda": 0.001, "robust-start": "leave-out",
+               "head-init": "ridge"}
+    honest = read_summary(run_local({**options, "run-name": "honest"}, 10))
+    with_test_labels_permuted(monkeypatch)
+    shuffled = read_summary(run_local({**options, "run-name": "shuffled"}, 10))
+
+    def choices(summary):
+        return (summary["head_init"]["left_out"], summary["head_init"]["gains"],
+                summary["head_init"]["check_accuracy"], summary["best_val_round"],
+                [r["val_accuracy"] for r in summary["rounds"]], summary["validation"])
+    assert len(honest["head_init"]["left_out"]) == 1  # the forger: there was a choice to make
+    assert honest["head_init"]["checked_on"] == "validation"
+    assert choices(shuffled) == choices(honest)
+    assert shuffled["final_accuracy"] < honest["final_accuracy"] - 0.3  # the test split did move
+    test_curve = [honest["initial_accuracy"], *(r["accuracy"] for r in honest["rounds"])]
+    assert honest["accuracy_at_best_val_round"] == test_curve[honest["best_val_round"]]
