@@ -6,6 +6,7 @@
 #   make test-fast                  the edit loop: the in-process tests but the slow ones
 #   make docker-images              the compose demo's images (docs/docker.md)
 #   make test-docker                the compose demo end to end (needs a docker engine)
+#   make check-reports              every report under reports/ remade from results/, compared
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -19,7 +20,7 @@ WORKERS ?= 4
 FAST_WORKERS ?= 2
 xdist = -n $(1) $(if $(filter 0,$(1)),,--dist loadgroup)
 
-.PHONY: run test test-fast test-docker docker-images install clean
+.PHONY: run test test-fast test-docker docker-images check-reports install clean
 
 # The tests' processes keep what they free for reuse (glibc's malloc tunables): the suite makes
 # and frees large tensors thousands of times, and each one got a fresh mmap whose pages fault in
@@ -58,6 +59,9 @@ docker-images: $(STAMP)
 
 test-docker: $(STAMP)
 	@$(PY) -m pytest -q -rs -m docker $(ARGS)
+
+check-reports: $(STAMP)
+	@$(PY) -m ovalp_flwr.experiments.report.check $(ARGS)
 
 clean:
 	rm -rf $(VENV) .flwr

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from ovalp_flwr.core.durable import replace_durably
-from ovalp_flwr.experiments.sweep import Preset, load_preset
+from ovalp_flwr.experiments.sweep import Preset, is_done, load_preset
 from ovalp_flwr.federation.results import read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,11 +32,12 @@ EPSILONS = ["eps1", "eps2", "eps4", "eps8", "none"]
 
 
 def summaries(preset: Preset) -> dict[tuple[tuple[str, str], ...], dict]:
-    """(axis choices..., ("seed", s)) -> summary, for the preset's runs that are in results/."""
+    """(axis choices..., ("seed", s)) -> summary, for the preset's runs in results/ that today's
+    code would make as they were made (`sweep.is_done`): a run of older behaviour is missing."""
     found = {}
     for spec in preset.runs():
-        path = preset.results_dir(ROOT / "results") / spec.name
-        if (path / "summary.json").exists():
+        if is_done(preset, spec, ROOT / "results"):
+            path = preset.results_dir(ROOT / "results") / spec.name
             found[(*spec.choices, ("seed", str(spec.seed)))] = read_summary(path)
     return found
 

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 from ovalp_flwr.core.durable import replace_durably  # noqa: E402
 from ovalp_flwr.experiments.ceiling import read_ceilings  # noqa: E402
-from ovalp_flwr.experiments.sweep import load_preset  # noqa: E402
+from ovalp_flwr.experiments.sweep import is_done, load_preset  # noqa: E402
 from ovalp_flwr.federation.checkpoint import read_checkpoint, unpack  # noqa: E402
 from ovalp_flwr.federation.results import read_summary  # noqa: E402
 from ovalp_flwr.features.cache import load_or_build  # noqa: E402
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         if spec.choice("method") != "lbfgs":
             continue
         run_dir = preset.results_dir(args.results_dir) / spec.name
-        if not (run_dir / "summary.json").exists():
+        if not is_done(preset, spec, args.results_dir):  # missing, or made by older behaviour
             continue
         summary = read_summary(run_dir)
         config = summary["config"]

@@ -198,9 +198,10 @@ class RunConfig:
     validation_fraction: float | str = _key(
         "auto", "data", "The share of the training split held back as validation rows, "
         "seeded and stratified by (domain, class) before partitioning: no client trains on "
-        "them, and every choice the run makes (`robust-start`'s clients left out, the best "
-        "round) is scored on them, never on the test split. `auto`: "
-        f"{AUTO_VALIDATION_FRACTION} where the run makes a choice (`robust-start`), else 0 "
+        "them, and every choice the run makes (`robust-start`'s clients left out, "
+        "`ridge-lambda = \"auto\"`, the best round) is scored on them, never on the test "
+        f"split. `auto`: {AUTO_VALIDATION_FRACTION} where the run chooses a key's value from "
+        "data (`robust-start`, `ridge-lambda = \"auto\"`), else 0 "
         "(the run is row for row what it was). A share in [0, 0.5]; the encoder path holds "
         "none ([Results](results.md#validation-rows)).")
     num_server_rounds: int = _key(
@@ -282,9 +283,12 @@ class RunConfig:
         "ridge", "start", "Where the heads start: `random` (torch's init: the recipe), "
         "`zeros`, `class-means` (FedNCM) or `ridge` (Fed3R); the last two are built by the "
         "server from the clients' summed statistics, and calibrated.", HEAD_INITS)
-    ridge_lambda: float = _key(
+    ridge_lambda: float | str = _key(
         0.2, "start", "The ridge start's L2 penalty per training sample (the system is "
-        "X̃ᵀX̃ + nλI); Fed3R's published λ = 0.01 is 0.01 / n.")
+        "X̃ᵀX̃ + nλI); Fed3R's published λ = 0.01 is 0.01 / n. `auto`: the penalty of a grid "
+        "(1e-6 to 1e3, 4 a decade) whose start is the most accurate on the validation rows, "
+        "all scored from one eigendecomposition ([Closed-form starts]"
+        "(closed-form-starts.md#choosing-the-penalty-from-the-data)).")
     dp_statistics_epsilon: float = _key(
         0.0, "start", "Example-level differential privacy for the start's statistics: the ε "
         "they spend at `dp-delta` (`0`: off). Each client clips every feature vector to "
@@ -450,15 +454,14 @@ class RunConfig:
                 "image_size": self.image_size or None}
 
     @property
-    def makes_choices(self) -> bool:
-        """Whether the run chooses something from data (validation-fraction "auto"); keep
-        `validation_share` in step."""
-        return self.robust_start != "none"
+    def choices(self) -> list[str]:
+        """The keys whose value the run chooses from data (on validation rows)."""
+        return choices_made(self.to_dict())
 
     @property
     def validation_share(self) -> float:
         """`validation-fraction` resolved: the share of training rows held back."""
-        return validation_share(self.validation_fraction, self.robust_start, self.finetune)
+        return validation_share(self.to_dict())
 
     @property
     def server_steps(self) -> bool:
@@ -500,7 +503,9 @@ class RunConfig:
         _one_of("head-init", self.head_init, HEAD_INITS)
         _one_of("statistics-aggregation", self.statistics_aggregation, STATISTICS_AGGREGATIONS)
         _one_of("pft-global", self.pft_global, PFT_GLOBALS)
-        _positive("ridge-lambda", self.ridge_lambda)
+        if self.ridge_lambda != "auto" and (isinstance(self.ridge_lambda, str)
+                                            or not self.ridge_lambda > 0):
+            raise ConfigError("ridge-lambda", self.ridge_lambda, 'use a value > 0 or "auto"')
         _at_least("lbfgs-memory", self.lbfgs_memory, 1)
         self._check_server_steps()
         if self.drift_correction == "scaffold" and self.local_optimizer != "sgd":
@@ -598,10 +603,11 @@ class RunConfig:
         if share != "auto" and share > 0 and self.finetune != "none":
             raise ConfigError("validation-fraction", share, "the encoder path holds no "
                               'validation rows; use "auto" or 0')
-        if self.makes_choices and self.validation_share == 0:
-            raise ConfigError("validation-fraction", share, f"robust-start={self.robust_start!r} "
-                              "chooses on validation rows (never the test split); use \"auto\" "
-                              "or a share > 0")
+        made = self.choices
+        if made and self.validation_share == 0:
+            raise ConfigError("validation-fraction", share, f"{' and '.join(made)} "
+                              f"{'is' if len(made) == 1 else 'are'} chosen on validation rows "
+                              '(never the test split); use "auto" or a share > 0')
 
     def _check_privacy(self) -> None:
         """DP's keys, and what a private run cannot use: anything that shows the server (or the
@@ -739,11 +745,23 @@ def default_pft() -> tuple[tuple[str, Any], ...]:
                         for f in fields(hyperparameters) if f.name not in shared))
 
 
-def validation_share(fraction: float | str, robust_start: str, finetune: str) -> float:
-    """`validation-fraction` resolved: "auto" holds rows back only where the run chooses
-    (`RunConfig.makes_choices`) on the cached-feature path."""
+def choices_made(values: Mapping[str, Any]) -> list[str]:
+    """The keys of a run config (dash-case) whose value the run chooses from data: these read
+    validation rows, never the test split."""
+    if values.get("finetune", "none") != "none":
+        return []
+    made = ["robust-start"] if values.get("robust-start", "none") != "none" else []
+    if values.get("head-init") == "ridge" and values.get("ridge-lambda") == "auto":
+        made.append("ridge-lambda")
+    return made
+
+
+def validation_share(values: Mapping[str, Any]) -> float:
+    """`validation-fraction` of a run config (dash-case) resolved: "auto" holds rows back only
+    where the run chooses something (`choices_made`)."""
+    fraction = values.get("validation-fraction", "auto")
     if fraction == "auto":
-        return AUTO_VALIDATION_FRACTION if robust_start != "none" and finetune == "none" else 0.0
+        return AUTO_VALIDATION_FRACTION if choices_made(values) else 0.0
     return float(fraction)
 
 

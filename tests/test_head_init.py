@@ -51,6 +51,24 @@ def test_summed_client_statistics_are_the_centralised_ones_on_every_partition(di
     np.testing.assert_allclose(merged.square_norms, onehot.T @ (x64 ** 2).sum(1), rtol=1e-5)
 
 
+def test_the_lambda_path_scores_every_penalty_as_its_own_solve_would(digits):
+    """One eigendecomposition for the whole grid: each penalty's accuracy is that of the ridge
+    start solved at it; the chosen penalty is the best, the largest of equals."""
+    from ovalp_flwr.core.head_init.ridge import LAMBDA_GRID, LambdaPath, RidgeInit, lambda_path
+
+    x, y, _, _ = digits
+    held, kept = np.arange(len(y)) % 5 == 0, np.arange(len(y)) % 5 != 0
+    stats = statistics(x[kept], y[kept])
+    path = lambda_path(stats, x[held], y[held])
+    assert path.grid == LAMBDA_GRID and len(set(path.accuracy)) > 3  # the penalty matters
+    for lam, acc in zip(path.grid[::6], path.accuracy[::6]):
+        weight, bias = RidgeInit(lam).linear_head(stats, 64, 10, 0)
+        assert acc == pytest.approx(np.mean(np.argmax(x[held] @ weight.T + bias, 1) == y[held]),
+                                    abs=1.5 / held.sum())  # a row's argmax may flip on rounding
+    assert max(path.accuracy) == path.accuracy[path.grid.index(path.chosen)]
+    assert LambdaPath((0.1, 1.0, 10.0), (0.5, 0.9, 0.9)).chosen == 10.0
+
+
 def test_the_gram_matrix_travels_as_its_upper_triangle():
     rng = np.random.default_rng(0)
     a = rng.normal(size=(5, 5))

@@ -56,8 +56,14 @@ def test_validation_fraction_resolves_where_the_run_chooses_and_refuses_what_can
                        ("some", r"use \"auto\" or a share")):
         with pytest.raises(ConfigError, match=f"validation-fraction={value!r} is not allowed; {why}"):
             RunConfig.from_mapping({"validation-fraction": value})
-    with pytest.raises(ConfigError, match="robust-start='leave-out' chooses on validation rows"):
+    with pytest.raises(ConfigError, match="robust-start is chosen on validation rows"):
         RunConfig.from_mapping({"validation-fraction": 0, "robust-start": "leave-out"})
+    with pytest.raises(ConfigError, match="robust-start and ridge-lambda are chosen on validation"):
+        RunConfig.from_mapping({"validation-fraction": 0, "robust-start": "leave-out",
+                                "ridge-lambda": "auto"})
+    assert RunConfig.from_mapping({"ridge-lambda": "auto"}).validation_share == 0.1
+    # a penalty no start uses is no choice
+    assert RunConfig.from_mapping({"ridge-lambda": "auto", "head-init": "zeros"}).choices == []
     with pytest.raises(ConfigError, match="the encoder path holds no validation rows"):
         RunConfig.from_mapping({"validation-fraction": 0.1, "finetune": "lp",
                                 "encoder": "efficientnet-lite0"})
@@ -93,3 +99,13 @@ def test_permuting_the_test_labels_changes_no_choice_a_run_makes(cache_dir, tmp_
     assert shuffled["final_accuracy"] < honest["final_accuracy"] - 0.3  # the test split did move
     test_curve = [honest["initial_accuracy"], *(r["accuracy"] for r in honest["rounds"])]
     assert honest["accuracy_at_best_val_round"] == test_curve[honest["best_val_round"]]
+
+    def penalty(name):  # ridge-lambda "auto": the penalty chosen on validation rows
+        return read_summary(run_local({**options, "attack": "none", "robust-start": "none",
+                                       "ridge-lambda": "auto", "run-name": name}, 10))
+    shuffled = penalty("auto-shuffled")
+    monkeypatch.undo()
+    chosen = penalty("auto")
+    assert chosen["head_init"]["lambda_path"] == shuffled["head_init"]["lambda_path"]
+    assert chosen["head_init"]["ridge_lambda"] == shuffled["head_init"]["ridge_lambda"]
+    assert chosen["initial_accuracy"] != shuffled["initial_accuracy"]

@@ -240,3 +240,17 @@ def test_runs_are_compared_by_the_validation_rows_they_held_back():
         "ran with validation-fraction=0.0, preset asks 0.1"
     today = {**RunConfig.from_mapping(checked).to_dict(), "validation-fraction": "auto"}
     assert config_mismatch(RunSpec(0, (("m", "m"),), checked), today) is None
+
+
+def test_lbfgs_runs_from_before_the_held_heads_are_rerun_and_other_runs_are_not():
+    """Before `lbfgs-patience`, an L-BFGS round reported its trial point: such a run is not
+    today's; for a run without L-BFGS the key means nothing."""
+    from ovalp_flwr.config import RunConfig
+
+    before = {k: v for k, v in RunConfig(seed=0).to_dict().items() if k != "lbfgs-patience"}
+    assert config_mismatch(RunSpec(0, (("m", "m"),), {"dataset": "digits", "seed": 0}),
+                           before) is None
+    lbfgs = {"dataset": "digits", "seed": 0, "server-optimizer": "lbfgs",
+             "drift-correction": "none"}
+    assert config_mismatch(RunSpec(0, (("m", "m"),), lbfgs), {**before, **lbfgs}) == \
+        "ran with lbfgs-patience='(absent)', preset asks 3"

@@ -58,7 +58,10 @@ BEFORE_THE_KEY: dict[str, Any] = {"local-optimizer": "adamw", "local-steps": 0,
                                   "server-optimizer": "fedavg", "server-learning-rate": 0.1,
                                   "epoch-size": "own-data", "head-init": "random",
                                   "pft.own-heads.mu": 0.0, "within-domain": "iid",
-                                  "pft-global": "clients", "validation-fraction": 0.0}
+                                  "pft-global": "clients", "validation-fraction": 0.0,
+                                  # before it, an L-BFGS round reported its trial point
+                                  "lbfgs-patience": 0}
+LBFGS_KNOBS = ("lbfgs-memory", "lbfgs-patience")  # count only where the server runs L-BFGS
 
 
 class PresetError(ValueError):
@@ -247,7 +250,8 @@ def config_mismatch(spec: RunSpec, ran: dict[str, Any]) -> str | None:
     ran = {**ran, "validation-fraction": _held_back(ran, before)}  # what "auto" resolved to
     wanted["validation-fraction"] = config.validation_share
     for key, value in wanted.items():
-        if key in NOT_PART_OF_THE_RESULT or _unused_knob(key, used):
+        if key in NOT_PART_OF_THE_RESULT or _unused_knob(key, used) \
+                or (key in LBFGS_KNOBS and not config.server_steps):
             continue
         if ran.get(key, before[key]) != value:
             return f"ran with {key}={ran.get(key, '(absent)')!r}, preset asks {value!r}"
@@ -257,9 +261,7 @@ def config_mismatch(spec: RunSpec, ran: dict[str, Any]) -> str | None:
 def _held_back(ran: dict[str, Any], before: dict[str, Any]) -> float:
     """The share of training rows a finished run held back: a run made before the key held
     none; "auto" is compared by what it resolved to, so a run that chose nothing is reused."""
-    def value(key: str) -> Any:
-        return ran.get(key, before[key])
-    return validation_share(value("validation-fraction"), value("robust-start"), value("finetune"))
+    return validation_share({key: ran.get(key, default) for key, default in before.items()})
 
 
 def _unused_knob(key: str, methods: set[str]) -> bool:

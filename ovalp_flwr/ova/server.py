@@ -31,6 +31,7 @@ from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.core.devices import resolve_device
 from ovalp_flwr.core.head_init import HeadInit, make_head_init
 from ovalp_flwr.core.head_init.leave_out import leave_out_check
+from ovalp_flwr.core.head_init.ridge import RidgeInit, lambda_path
 from ovalp_flwr.core.model import initial_adapter, model_from_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, NormStats, normalize
 from ovalp_flwr.data.partition import PartitionSummary
@@ -53,6 +54,8 @@ from ovalp_flwr.ops.console import say
 from ovalp_flwr.personalize.phase import personalize_after
 from ovalp_flwr.personalize.scoring import FeatureScorer
 
+AUTO_LAMBDA_FIRST = 0.2  # ridge-lambda "auto": only names the statistics until the path chooses
+
 
 def run_ova(grid: Grid, config: RunConfig) -> Path:
     """One OvA-LP (or LP-softmax) run on cached features; returns its results folder."""
@@ -65,17 +68,25 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
                           **config.cache_options())
     nodes = wait_for_nodes(grid)
     check_num_clients(len(nodes), len(cache.train.y))  # nodes with own data check theirs
-    init = make_head_init(config.head_init, config.ridge_lambda)
+    choosing_lambda = "ridge-lambda" in config.choices
+    init = make_head_init(config.head_init, AUTO_LAMBDA_FIRST if choosing_lambda
+                          else config.ridge_lambda)
     # the server's L-BFGS is preconditioned by the Gram matrix, whatever the start
     setup = set_up(grid, nodes, config, cache, "gram" if config.server_steps else init.statistics)
     if config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
         setup.statistics.total = private_statistics(setup.statistics.total, statistics_noise(config),
                                                     config.dp_feature_clip, config.seed)
     validation = validation_rows(config, cache, setup.norm)
+    chosen = {}
+    if choosing_lambda:  # before the check (it scores starts at this penalty), and after it
+        init, chosen = chosen_penalty(setup.statistics, validation)
     checked = checked_start(config, init, setup, validation) \
         if config.robust_start != "none" else {}
+    if choosing_lambda and checked.get("left_out"):  # chosen again on the sums kept
+        init, chosen = chosen_penalty(setup.statistics, validation)
     initial, start = initial_head(config, init, setup.statistics, cache)
     start.update(checked)
+    start.update(chosen)
     clients, stats = setup.clients, setup.norm
 
     # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
@@ -225,6 +236,22 @@ def validation_summary(config: RunConfig, validation: ValidationRows, scored: di
     return {"validation": {"fraction": config.validation_share, "rows": len(validation.labels),
                            "initial_accuracy": scored[0], "final_accuracy": scored[last]},
             "best_val_round": best, "accuracy_at_best_val_round": test[best]}
+
+
+def chosen_penalty(summed: StatisticsSum, validation: ValidationRows | None
+                   ) -> tuple[RidgeInit, dict]:
+    """`ridge-lambda = "auto"`: the ridge start at the penalty of the grid whose start scores
+    best on the validation rows; what `summary.json` says of the path."""
+    assert validation is not None, "config validation: ridge-lambda auto needs validation rows"
+    if summed.total is None:
+        raise FederationError('ridge-lambda="auto": no client sent statistics (every client '
+                              "is empty)")
+    started = time.perf_counter()
+    path = lambda_path(summed.total, validation.features, validation.labels)
+    say(INFO, "ridge-lambda auto: %.3g (validation accuracy %.4f; %d penalties in %.1f s)",
+        path.chosen, max(path.accuracy), len(path.grid), time.perf_counter() - started)
+    return RidgeInit(path.chosen), {"ridge_lambda": path.chosen, "lambda_path": {
+        "grid": list(path.grid), "val_accuracy": list(path.accuracy)}}
 
 
 def checked_start(config: RunConfig, init: HeadInit, setup: SetUp,
