@@ -93,6 +93,18 @@ def test_node_config_paths_override_the_run_config():
         feature_source(run, {"data-dir": 3})
 
 
+def test_a_node_with_its_own_data_holds_back_its_share_of_validation_rows(nodes, tmp_path):
+    """Validation rows are carved from each node's own training split as from the shared one:
+    the sizes it describes are its partition of the rest."""
+    held = read_summary(run_local(config(tmp_path, nodes[0], **{"validation-fraction": 0.2,
+                                                               "run-name": "held"}),
+                                  3, [own(n) for n in nodes]))
+    whole = [len(load_or_build(DATASET, "pixels", n.parent / "cache").train.y) for n in nodes]
+    for size, rows in zip(held["partition"]["sizes"], whole):
+        assert abs(size - 0.8 * rows / 3) <= 4  # a third of 80%, each class rounded
+    assert held["validation"]["fraction"] == 0.2 and held["final_accuracy"] > 0.8
+
+
 def test_a_node_with_fewer_samples_than_partitions_says_so(nodes, tmp_path):
     ones = np.flatnonzero(load_digits().target == 1)
     rows = [*[r for r in ones if r % 5][:2], *[r for r in ones if r % 5 == 0][:1]]
