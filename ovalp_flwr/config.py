@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -453,12 +454,13 @@ class RunConfig:
         return {"limit_per_class": self.limit_per_class or None,
                 "image_size": self.image_size or None}
 
-    @property
-    def choices(self) -> list[str]:
-        """The keys whose value the run chooses from data (on validation rows)."""
-        return choices_made(self.to_dict())
+    @functools.cached_property
+    def choices(self) -> tuple[str, ...]:
+        """The keys whose value the run chooses from data (on validation rows). Cached, as
+        `validation_share`: every client message asks for its partition spec."""
+        return tuple(choices_made(self.to_dict()))
 
-    @property
+    @functools.cached_property
     def validation_share(self) -> float:
         """`validation-fraction` resolved: the share of training rows held back."""
         return validation_share(self.to_dict())

@@ -63,7 +63,7 @@ def test_validation_fraction_resolves_where_the_run_chooses_and_refuses_what_can
                                 "ridge-lambda": "auto"})
     assert RunConfig.from_mapping({"ridge-lambda": "auto"}).validation_share == 0.1
     # a penalty no start uses is no choice
-    assert RunConfig.from_mapping({"ridge-lambda": "auto", "head-init": "zeros"}).choices == []
+    assert RunConfig.from_mapping({"ridge-lambda": "auto", "head-init": "zeros"}).choices == ()
     with pytest.raises(ConfigError, match="the encoder path holds no validation rows"):
         RunConfig.from_mapping({"validation-fraction": 0.1, "finetune": "lp",
                                 "encoder": "efficientnet-lite0"})
