@@ -99,6 +99,21 @@ METRICS: dict[str, Metric] = {
 }
 
 
+def validated(key: str, scale: float = 1.0) -> Callable[[RunResult], float | None]:
+    """A run's `validation[key]` times `scale`; None for a run that held no rows back."""
+    return lambda r: None if r.validation is None else scale * r.validation[key]
+
+
+# what the validation rows say, for runs that held some back: what choices are made on
+VALIDATION_METRICS: dict[str, Metric] = {
+    "val_final": ("Final val. acc. (%)", validated("final", 100), pct),
+    "final": METRICS["final"],
+    "best_val_round": ("Best round on val.", validated("best_round"), rnd),
+    "test_at_best_val": ("Test acc. there (%)", validated("test_at_best", 100), pct),
+}
+VALIDATION_TABLE = tuple(VALIDATION_METRICS)
+
+
 TARGET_BYTES = "megabytes_to_target"
 SPEED_ROUNDS = (0, 1, 2, 3, 5)  # accuracy at these rounds: how fast a method starts
 

@@ -44,6 +44,7 @@ class RunResult:
     relative: list[float] | None = None  # R(t) in %, non-IID runs whose IID run was found
     decline: float | None = None  # %, noisy runs whose noise-free run was found
     domains: dict[str, float] | None = None  # final accuracy per domain (multi-domain data)
+    validation: dict[str, Any] | None = None  # summary["validation"] and the round it picks
 
     def accuracy_at(self, round_: int) -> float:
         """Accuracy after `round_` (0: the start), the last one for rounds past the end."""
@@ -118,7 +119,18 @@ def read_run(run_dir: Path, spec: RunSpec, horizon: int = 0,
     return RunResult(spec, curve, float(summary["final_accuracy"]), max(curve), acc95,
                      cost_to_round(summary, acc95), summary.get("label_noise"), start,
                      tuple(bytes_through(summary, horizon)), target,
-                     domains=summary.get("domain_accuracy", {}).get("final"))
+                     domains=summary.get("domain_accuracy", {}).get("final"),
+                     validation=validation_of(summary))
+
+
+def validation_of(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The validation rows' final accuracy, the round they pick and its test accuracy; None
+    for a run that held no rows back."""
+    if "validation" not in summary:
+        return None
+    return {"final": summary["validation"]["final_accuracy"],
+            "best_round": summary["best_val_round"],
+            "test_at_best": summary["accuracy_at_best_val_round"]}
 
 
 def attach_relative(runs: list[RunResult]) -> list[RunResult]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ovalp_flwr.experiments.report.cells import (NEVER, SPEED_ROUNDS, TARGET, TARGET_BYTES,
-                                                 cell_stat, cell_text, label, metrics, pct,
+                                                 VALIDATION_METRICS, cell_stat, cell_text, label, metrics, pct,
                                                  stat, title)
 from ovalp_flwr.experiments.report.runs import (CLEAN_CHOICE, METHOD_AXIS, NOISE_AXIS, Choices,
                                                 RunResult, by_cell, combos, without)
@@ -34,8 +34,9 @@ def main_table(preset: Preset, cells: dict[Choices, list[RunResult]],
                names: Sequence[str] | None = None) -> str:
     """One row per choice combination; the columns `names` of `metrics(preset)` (default: the
     table *All cells*: every metric but the speed columns)."""
-    every = metrics(preset)
-    columns = {n: every[n] for n in (names or [n for n in every if not n.startswith("round_")])}
+    every = {**VALIDATION_METRICS, **metrics(preset)}
+    columns = {n: every[n] for n in (names or [n for n in metrics(preset)
+                                               if not n.startswith("round_")])}
     headers = [*preset.axes, *(head for head, _, _ in columns.values()), "Seeds"]
     rows = []
     for choices in combos(preset):
