@@ -62,6 +62,9 @@ RECIPE: dict[str, Any] = {"local-optimizer": "adamw", "learning-rate": 0.01,
 
 
 AUTO_VALIDATION_FRACTION = 0.1  # validation-fraction "auto" where the run makes a choice
+# weight-decay "auto" (server L-BFGS): the path, strongest first, 2 a decade; it holds every
+# committed dataset's tuned value (0.01 to 0.001)
+WEIGHT_DECAY_PATH = (0.1, 0.03, 0.01, 0.003, 0.001, 3e-4, 1e-4)
 
 # Where a run's files live, which device ran it, how it meets faults and whether it was resumed:
 # none changes what the run computes (a fault it met is in its per-round records).
@@ -215,9 +218,12 @@ class RunConfig:
         '`epoch-size = "own-data-equal-steps"`).')
     learning_rate: float = _key(
         0.05, "training", "The local optimiser's learning rate (the recipe: 0.01 with AdamW).")
-    weight_decay: float = _key(
+    weight_decay: float | str = _key(
         0.01, "training", "The local optimiser's weight decay: the centralised ceiling's tuned "
-        "L2 (the recipe: 0.0001).")
+        'L2 (the recipe: 0.0001). With `server-optimizer = "lbfgs"`, the objective\'s λ, and '
+        "`auto`: a warm-started path down a grid (0.1 to 1e-4, 2 a decade), "
+        "`lbfgs-path-rounds` rounds each, scored on the validation rows; the run goes on at "
+        "the best ([The centralised optimum](server-optimizer.md#choosing-the-weight-decay)).")
     local_optimizer: str = _key(
         "sgd", "training", "The local optimiser, with fresh state every round: `sgd`, or "
         "`adamw` (the paper's recipe).", LOCAL_OPTIMIZERS)
@@ -280,6 +286,10 @@ class RunConfig:
         "warning naming it, and L-BFGS restarts from the heads it holds; until then a round "
         "without every row sends the same heads again ([The centralised optimum]"
         "(server-optimizer.md#a-node-that-does-not-answer)).")
+    lbfgs_path_rounds: int = _key(
+        2, "rounds", 'With `weight-decay = "auto"`: the L-BFGS rounds at each weight decay of '
+        "the path, each warm-started from the one before; the path stops two values after "
+        "the validation accuracy's best.")
     head_init: str = _key(
         "ridge", "start", "Where the heads start: `random` (torch's init: the recipe), "
         "`zeros`, `class-means` (FedNCM) or `ridge` (Fed3R); the last two are built by the "
@@ -533,8 +543,7 @@ class RunConfig:
         _positive("learning-rate", self.learning_rate)
         _positive("dirichlet-alpha", self.dirichlet_alpha)
         _positive("zipf-s", self.zipf_s)
-        if self.weight_decay < 0:
-            raise ConfigError("weight-decay", self.weight_decay, "use a value >= 0")
+        self._check_weight_decay()
         if not 0 < self.dirichlet_p <= 1:
             raise ConfigError("dirichlet-p", self.dirichlet_p, "use a probability in (0, 1]")
         if not 0 < self.fraction_train <= 1:
@@ -566,6 +575,30 @@ class RunConfig:
         for key, (value, allowed, why) in needs.items():
             if value != allowed:
                 raise ConfigError(key, value, f'with server-optimizer="lbfgs" use {why}')
+
+    def _check_weight_decay(self) -> None:
+        """A value >= 0, or "auto" where the server walks a path of them (its L-BFGS), with
+        the rounds to walk it and more."""
+        if self.weight_decay != "auto":
+            if isinstance(self.weight_decay, str) or self.weight_decay < 0:
+                raise ConfigError("weight-decay", self.weight_decay,
+                                  'use a value >= 0 (or "auto" with server-optimizer="lbfgs")')
+            return
+        if not self.server_steps:
+            raise ConfigError("weight-decay", self.weight_decay, '"auto" needs server-optimizer='
+                              '"lbfgs" (the server walks the path); use a value >= 0')
+        _at_least("lbfgs-path-rounds", self.lbfgs_path_rounds, 1)
+        path = len(WEIGHT_DECAY_PATH) * self.lbfgs_path_rounds
+        if self.num_server_rounds <= path:
+            raise ConfigError("num-server-rounds", self.num_server_rounds,
+                              f'weight-decay="auto" walks up to {path} rounds '
+                              f"({len(WEIGHT_DECAY_PATH)} values x lbfgs-path-rounds); "
+                              f"use more than {path}")
+
+    @property
+    def first_weight_decay(self) -> float:
+        """The weight decay the rounds start at: the value, or the path's first under "auto"."""
+        return WEIGHT_DECAY_PATH[0] if self.weight_decay == "auto" else float(self.weight_decay)
 
     def _check_robustness(self) -> None:
         """A defence's and an attack rehearsal's keys, and where they do not apply."""
@@ -755,6 +788,8 @@ def choices_made(values: Mapping[str, Any]) -> list[str]:
     made = ["robust-start"] if values.get("robust-start", "none") != "none" else []
     if values.get("head-init") == "ridge" and values.get("ridge-lambda") == "auto":
         made.append("ridge-lambda")
+    if values.get("weight-decay") == "auto":
+        made.append("weight-decay")
     return made
 
 

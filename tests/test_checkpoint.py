@@ -67,7 +67,10 @@ def global_arrays(tmp_path, name):
     {"scaffold-variates": "clients", "fraction-train": 0.5},
     # the server's L-BFGS: its curvature pairs and last accepted point
     {"server-optimizer": "lbfgs"},
-], ids=["scaffold", "fedadam-sampled", "scaffold-clients-sampled", "lbfgs"])
+    # and its weight-decay walk, killed mid-way: the values scored, the heads each ended at
+    {"server-optimizer": "lbfgs", "weight-decay": "auto", "lbfgs-path-rounds": 1,
+     "num-server-rounds": 8},
+], ids=["scaffold", "fedadam-sampled", "scaffold-clients-sampled", "lbfgs", "lbfgs-auto-decay"])
 def test_a_run_killed_after_round_3_and_resumed_ends_as_the_uninterrupted_run(
         cache_dir, tmp_path, options):
     whole = resumable_run(cache_dir, tmp_path, "whole", **options)
@@ -83,7 +86,9 @@ def test_a_run_killed_after_round_3_and_resumed_ends_as_the_uninterrupted_run(
         [[r[k] for k in same] for r in whole["rounds"]]
     assert resumed["initial_accuracy"] == whole["initial_accuracy"]
     assert resumed["resumes"][0]["round"] == 3 and "resumes" not in whole
-    assert DyingGrid.trained_rounds == {4, 5, 6}  # rounds 1-3 were not trained again
+    last = options.get("num-server-rounds", 6)
+    assert DyingGrid.trained_rounds == set(range(4, last + 1))  # rounds 1-3 were not trained again
+    assert resumed.get("weight_decay_path") == whole.get("weight_decay_path")
     (_, a), (_, b) = global_arrays(tmp_path, "whole"), global_arrays(tmp_path, "killed")
     assert all(np.array_equal(a[key], b[key]) for key in a)
 

@@ -109,3 +109,15 @@ def test_permuting_the_test_labels_changes_no_choice_a_run_makes(cache_dir, tmp_
     assert chosen["head_init"]["lambda_path"] == shuffled["head_init"]["lambda_path"]
     assert chosen["head_init"]["ridge_lambda"] == shuffled["head_init"]["ridge_lambda"]
     assert chosen["initial_accuracy"] != shuffled["initial_accuracy"]
+
+    def decay(name):  # weight-decay "auto": the server's L-BFGS walks its path on validation rows
+        return read_summary(run_local({**options, "attack": "none", "robust-start": "none",
+                                       "server-optimizer": "lbfgs", "weight-decay": "auto",
+                                       "lbfgs-path-rounds": 1, "num-server-rounds": 9,
+                                       "run-name": name}, 10))
+    walked = decay("decay")
+    with_test_labels_permuted(monkeypatch)
+    shuffled = decay("decay-shuffled")
+    assert walked["weight_decay_path"] == shuffled["weight_decay_path"]
+    assert len(walked["weight_decay_path"]["val_accuracy"]) >= 3  # a walk, not one value
+    assert walked["final_accuracy"] != shuffled["final_accuracy"]

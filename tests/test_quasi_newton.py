@@ -91,6 +91,20 @@ def test_the_preconditioner_solves_each_heads_system():
         np.testing.assert_allclose(system @ solved[head], gradient[head], rtol=1e-7, atol=1e-9)
 
 
+def test_the_preconditioner_at_another_weight_decay_is_a_fresh_ones_without_a_new_eigh():
+    """weight-decay "auto" moves λ along a path: the rescaled eigendecomposition solves the
+    same systems as one computed at the new λ."""
+    features, labels, k = problem()
+    stats = statistics_of(features, labels, k)
+    gradient = np.random.default_rng(2).normal(size=(k, features.shape[1] + 1))
+    curvature = np.array([0.01, 0.05, 0.1, 0.25])
+    moved = GramPreconditioner(stats, 0.1).at(LAM)
+    np.testing.assert_allclose(moved.solve(gradient, curvature),
+                               GramPreconditioner(stats, LAM).solve(gradient, curvature),
+                               rtol=1e-7, atol=1e-10)
+    assert moved.weight_decay == LAM
+
+
 @pytest.mark.parametrize("head", ["ova", "softmax"])
 def test_lbfgs_reaches_an_independent_solvers_optimum(head):
     features, labels, k = problem()

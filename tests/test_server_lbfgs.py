@@ -12,7 +12,7 @@ import torch
 from flwr.app import Error, Message
 from scipy.optimize import minimize
 
-from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.config import WEIGHT_DECAY_PATH, ConfigError, RunConfig
 from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.features.cache import load_or_build
@@ -151,3 +151,45 @@ def test_what_the_server_optimizer_cannot_work_with_is_refused_by_name(key, valu
     with pytest.raises(ConfigError) as refused:
         RunConfig.from_mapping({**app_config(), "server-optimizer": "lbfgs", key: value})
     assert key in str(refused.value)
+
+
+def test_weight_decay_auto_walks_its_path_on_validation_rows_and_goes_on_at_the_best(cache_dir,
+                                                                                    tmp_path):
+    """Two rounds at each weight decay, strongest first, each value's held heads scored on the
+    validation rows; the walk stops two values past the best and the run goes on there. A switch
+    from heads the clients have just evaluated takes its first step from those replies."""
+    summary = run(cache_dir, tmp_path, "auto", rounds=18, **{"weight-decay": "auto"})
+    path, rounds = summary["weight_decay_path"], summary["rounds"]
+    scores = path["val_accuracy"]
+    best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    assert path["grid"] == list(WEIGHT_DECAY_PATH[:len(scores)])
+    assert path["chosen"] == WEIGHT_DECAY_PATH[best]
+    assert len(scores) == len(WEIGHT_DECAY_PATH) or len(scores) - 1 - best == 2
+    switches = [r for r in rounds if r["server_step"] == "path"]
+    assert [r["round"] for r in switches] == [2 * (i + 1) for i in range(len(scores))]
+    assert [r["path_val_accuracy"] for r in switches] == scores
+    assert [r["next_weight_decay"] for r in switches[:-1]] == path["grid"][1:]
+    by_round = {r["round"]: r for r in rounds}
+    for switch in switches[:-1]:  # every head's step accepted: no round spent on the switch
+        following = by_round[switch["round"] + 1]["server_step"]
+        assert (following == "first") == (switch["steps_shortened"] > 0)
+    after = [r for r in rounds if r["round"] > switches[-1]["round"]]
+    assert after and all(r["weight_decay"] == path["chosen"] for r in after)
+    assert summary["validation"]["fraction"] == 0.1  # "auto" holds rows back for the choice
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    ({"server-optimizer": "fedavg"}, "weight-decay"),  # only the server walks a path
+    ({"num-server-rounds": 14}, "num-server-rounds"),  # 7 values x 2 rounds, then the best
+    ({"lbfgs-path-rounds": 0}, "lbfgs-path-rounds"),
+])
+def test_weight_decay_auto_is_refused_where_it_cannot_walk(overrides, key):
+    with pytest.raises(ConfigError) as refused:
+        RunConfig.from_mapping({**app_config(), **OPTIONS, "weight-decay": "auto",
+                                "num-server-rounds": 20, **overrides})
+    assert key in str(refused.value).split("=")[0]
+    with pytest.raises(ConfigError, match="weight-decay"):
+        RunConfig.from_mapping({**app_config(), **OPTIONS, "weight-decay": "strong"})
+    chosen = RunConfig.from_mapping({**app_config(), **OPTIONS, "weight-decay": "auto",
+                                     "num-server-rounds": 15})
+    assert "weight-decay" in chosen.choices and chosen.validation_share == 0.1

@@ -50,8 +50,18 @@ class GramPreconditioner:
         gram = augmented_gram(stats)
         penalty = np.full(len(gram), weight_decay)
         penalty[-1] = weight_decay * BIAS_PENALTY
+        self.weight_decay = weight_decay
         self.scale = 1.0 / np.sqrt(penalty)
         self.eigenvalues, self.basis = np.linalg.eigh(self.scale[:, None] * gram * self.scale)
+
+    def at(self, weight_decay: float) -> GramPreconditioner:
+        """The same Gram matrix at another λ, without a new eigendecomposition: M scales with λ,
+        so M^-½ G̃ M^-½ keeps its eigenvectors and its eigenvalues scale by λ_old / λ_new."""
+        other = object.__new__(GramPreconditioner)
+        ratio = self.weight_decay / weight_decay
+        other.weight_decay, other.basis = weight_decay, self.basis
+        other.scale, other.eigenvalues = self.scale * np.sqrt(ratio), self.eigenvalues * ratio
+        return other
 
     def solve(self, gradient: np.ndarray, curvature: np.ndarray) -> np.ndarray:
         """[K, D+1] → (a_k G̃ + M)⁻¹ g_k row by row."""

@@ -61,7 +61,7 @@ BEFORE_THE_KEY: dict[str, Any] = {"local-optimizer": "adamw", "local-steps": 0,
                                   "pft-global": "clients", "validation-fraction": 0.0,
                                   # before it, an L-BFGS round reported its trial point
                                   "lbfgs-patience": 0}
-LBFGS_KNOBS = ("lbfgs-memory", "lbfgs-patience")  # count only where the server runs L-BFGS
+LBFGS_KNOBS = ("lbfgs-memory", "lbfgs-patience", "lbfgs-path-rounds")  # count only under L-BFGS
 
 
 class PresetError(ValueError):

@@ -60,6 +60,13 @@ class CentralEvaluator(ABC):
         """Test accuracy of `arrays`, recorded nowhere (a trial point's, beside the round's)."""
         return float(self._right(arrays).float().mean())
 
+    def validation_score(self, arrays: ArrayRecord) -> float:
+        """Validation accuracy of `arrays`, recorded nowhere: what a choice is made on."""
+        right = self._right_on_validation(arrays)
+        if right is None:
+            raise ValueError("a choice needs validation rows, and this run holds none back")
+        return float(right.float().mean())
+
     @abstractmethod
     def _right(self, arrays: ArrayRecord) -> torch.Tensor:
         """Which test rows the model `arrays` predicts right (bool [N]): one forward pass for

@@ -307,4 +307,4 @@ def local_schedule(config: RunConfig, round_config: Mapping | None = None,
     if config.epoch_size == "own-data-equal-steps" and steps and not config.local_steps:
         batch = max(batch, math.ceil(num_examples * config.local_epochs / steps))
     return LocalSchedule(config.local_epochs, batch, config.learning_rate,
-                         config.weight_decay, config.local_optimizer, steps)
+                         config.first_weight_decay, config.local_optimizer, steps)

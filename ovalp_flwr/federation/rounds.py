@@ -10,7 +10,8 @@ from logging import INFO
 
 import numpy as np
 
-from ovalp_flwr.config import RunConfig
+from ovalp_flwr.config import WEIGHT_DECAY_PATH, RunConfig
+from ovalp_flwr.core.decay_path import DecayPath
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.core.quasi_newton import GramPreconditioner, ServerLBFGS
 from ovalp_flwr.federation import protocol as p
@@ -97,9 +98,11 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
             raise ValueError('server-optimizer="lbfgs" needs the clients\' summed statistics '
                              "with their Gram matrix")
         options["extra_train_config"] = {**options.get("extra_train_config", {}), p.GRADIENT: 1}
-        optimizer = ServerLBFGS(GramPreconditioner(statistics, config.weight_decay),
+        optimizer = ServerLBFGS(GramPreconditioner(statistics, config.first_weight_decay),
                                 memory=config.lbfgs_memory, separable=config.head == "ova")
-        return StagedLBFGS(optimizer=optimizer, weight_decay=config.weight_decay,
+        path = (DecayPath(WEIGHT_DECAY_PATH, config.lbfgs_path_rounds)
+                if config.weight_decay == "auto" else None)
+        return StagedLBFGS(optimizer=optimizer, weight_decay=config.first_weight_decay, path=path,
                            sizes=sizes or {}, patience=config.lbfgs_patience,
                            secure=config.statistics_aggregation == "secagg+", **options)
     if strategy_class is not None:

@@ -16,6 +16,10 @@ The model the server holds after a round is L-BFGS's last accepted point (`held`
 trial point it sends next, which the next round's line search may take back: every round is
 scored on the held heads, the trial point's accuracy beside it.
 
+With `weight-decay = "auto"` the rounds walk a path of weight decays first (`core.decay_path`):
+at the end of each value's rounds the held heads are scored on the server's validation rows,
+and L-BFGS starts again at the next value from them; the run goes on at the best.
+
 With `statistics-aggregation = "secagg+"` the gradients are averaged under Flower's SecAgg+ as
 the statistics are (`secure_sum.secure_average`): the server sees only the federation's mean
 gradient, loss and curvature, quantised (`GRADIENT_CLIPPING`).
@@ -25,13 +29,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from logging import WARNING
+from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from ovalp_flwr.core.decay_path import DecayPath
 from ovalp_flwr.core.heads import FullBatchGradient
 from ovalp_flwr.core.quasi_newton import ServerLBFGS
 from ovalp_flwr.federation.checkpoint import pack, unpack
@@ -55,10 +60,13 @@ class StagedLBFGS(Staged, FedAvg):
     before it is dropped from the objective (`lbfgs-patience`)."""
 
     def __init__(self, *, optimizer: ServerLBFGS, weight_decay: float, sizes: dict[int, int],
-                 secure: bool = False, patience: int = 3, **options) -> None:
+                 secure: bool = False, patience: int = 3, path: DecayPath | None = None,
+                 **options) -> None:
         super().__init__(**options)
         self.optimizer = optimizer
         self.weight_decay = weight_decay
+        self.path = path  # weight-decay "auto": the walk, scored by `score_validation`
+        self.score_validation: Callable[[ArrayRecord], float] | None = None
         self.secure, self.sizes = secure, dict(sizes)
         self.patience = patience
         self.missed: dict[int, int] = {}  # node -> rounds in a row its gradient was missing
@@ -100,18 +108,56 @@ class StagedLBFGS(Staged, FedAvg):
             return restart
         weight = self._global["weight"].astype(np.float64)
         point = np.column_stack([weight, self._global["bias"].astype(np.float64)])
-        gradient = np.column_stack([mean["weight"] + self.weight_decay * weight, mean["bias"]])
-        penalty = 0.5 * self.weight_decay * np.sum(weight ** 2, axis=1)  # per head
-        objective = (np.asarray(metrics[LOSSES], np.float64) + penalty  # F per head (OvA)
-                     if self.optimizer.separable
-                     else np.array([float(metrics[TRAIN_LOSS]) + penalty.sum()]))
+        objective, gradient = self._penalised(point, mean, metrics)
         curvature = np.asarray(metrics[CURVATURE], np.float64)
         following, status = self.optimizer.next_point(point, objective, gradient, curvature)
         record.update(objective=float(objective.sum()), server_step=status,
                       gradient_norm=float(np.linalg.norm(gradient)),
                       steps_shortened=self.optimizer.shortened)
+        if self.path is not None:
+            record["weight_decay"] = self.weight_decay
+            if self.path.tick():
+                following = self._next_value(server_round, record, point, mean, metrics)
         return to_record({"weight": following[:, :-1].astype(np.float32),
                           "bias": following[:, -1].astype(np.float32)})
+
+    def _penalised(self, point: np.ndarray, mean: dict[str, np.ndarray], metrics: MetricRecord
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """F (per head under OvA, else one number) and ∇F at `point` from the clients' mean
+        loss and gradient of the data term: the weight decay is the server's to add."""
+        weight = point[:, :-1]
+        gradient = np.column_stack([mean["weight"] + self.weight_decay * weight, mean["bias"]])
+        penalty = 0.5 * self.weight_decay * np.sum(weight ** 2, axis=1)  # per head
+        objective = (np.asarray(metrics[LOSSES], np.float64) + penalty  # F per head (OvA)
+                     if self.optimizer.separable
+                     else np.array([float(metrics[TRAIN_LOSS]) + penalty.sum()]))
+        return objective, gradient
+
+    def _next_value(self, server_round: int, record: dict, point: np.ndarray,
+                    mean: dict[str, np.ndarray], metrics: MetricRecord) -> np.ndarray:
+        """The walk's step: the held heads scored on the validation rows, the next weight decay
+        (or the best, when the walk ends), and where the clients evaluate next. The data term
+        does not depend on λ: where the heads to start from are the ones the clients have just
+        evaluated, L-BFGS takes its first step at the new λ from this round's replies, and the
+        switch costs no round."""
+        assert self.path is not None and self.score_validation is not None
+        held = self.optimizer.base.point  # this round's replies judged the last step
+        score = self.score_validation(self.held(to_record(self._global)))
+        start = self.path.record(score, held)
+        say(INFO, "round %s: weight decay %.3g scores %.4f on the validation rows; %s %.3g",
+            server_round, self.weight_decay, score,
+            "the walk ends: going on at" if not self.path.walking else "next:", self.path.value)
+        self.weight_decay = self.path.value
+        self.optimizer.preconditioner = self.optimizer.preconditioner.at(self.weight_decay)
+        self.optimizer.restart()  # a new objective: the pairs and the accepted point no longer hold
+        record.update(server_step="path", path_val_accuracy=score,
+                      next_weight_decay=self.weight_decay)
+        if not np.array_equal(start, point):
+            return start  # evaluated next round: the first step at the new λ then
+        objective, gradient = self._penalised(point, mean, metrics)
+        following, _ = self.optimizer.next_point(point, objective, gradient,
+                                                 np.asarray(metrics[CURVATURE], np.float64))
+        return following
 
     def train_round(self, grid: Grid, server_round: int, arrays: ArrayRecord,
                     train_config: ConfigRecord, timeout: float
@@ -179,6 +225,10 @@ class StagedLBFGS(Staged, FedAvg):
         state["lbfgs"]["missed"] = {str(partition_of(n)): count for n, count in self.missed.items()}
         state["lbfgs"]["dropped"] = [partition_of(n) for n in self.dropped]
         arrays.update(pack("lbfgs", optimizer_arrays))
+        if self.path is not None:
+            path_arrays, state["lbfgs"]["path"] = self.path.state()
+            arrays.update(pack("path", path_arrays))
+            state["lbfgs"]["weight_decay"] = self.weight_decay
         return arrays, state
 
     def restore(self, arrays: dict[str, np.ndarray], state: dict,
@@ -190,3 +240,7 @@ class StagedLBFGS(Staged, FedAvg):
         self.dropped = [node_of(pid) for pid in numbers.get("dropped", [])]
         for node in self.dropped:
             self.sizes.pop(node, None)
+        if self.path is not None:
+            self.path.restore(unpack("path", arrays), numbers["path"])
+            self.weight_decay = float(numbers["weight_decay"])
+            self.optimizer.preconditioner = self.optimizer.preconditioner.at(self.weight_decay)

@@ -104,6 +104,8 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     )
     evaluator = FeatureEvaluator(cache, config, stats, validation)
     evaluator.round_info = lambda server_round: strategy.rounds.get(server_round, {})
+    if getattr(strategy, "path", None) is not None:  # weight-decay "auto": its walk's scores
+        strategy.score_validation = evaluator.validation_score
     checkpoints = Checkpoints(run_dir, config, strategy, evaluator, clients, stats, start)
     where = checkpoints.restore(resumed) if resumed else {"initial_arrays": p.to_record(initial)}
     result = strategy.start(
@@ -124,6 +126,8 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
         summary.update(validation_summary(config, validation, evaluator.validation_accuracy,
                                           summary))
     summary["head_init"] = checkpoints.head_init
+    if getattr(strategy, "path", None) is not None:
+        summary["weight_decay_path"] = strategy.path.summary()
     if config.dp_statistics_epsilon > 0 or config.dp_rounds_epsilon > 0:
         summary["privacy"] = privacy_report(config)
     if checkpoints.resumes:
@@ -190,7 +194,7 @@ def initial_head(config: RunConfig, init: HeadInit, summed: StatisticsSum,
     num_features = cache.train.x.shape[1]
     weight, bias = init.build(summed.total if init.statistics != "none" else None,
                               config.adapter_dim or num_features, cache.num_classes, config.seed,
-                              config.head, config.weight_decay if config.server_steps else 0.0)
+                              config.head, config.first_weight_decay if config.server_steps else 0.0)
     adapter = initial_adapter(num_features, config.adapter_dim, config.seed) \
         if config.adapter_dim else {}
     seconds = time.perf_counter() - started
