@@ -62,6 +62,7 @@ RECIPE: dict[str, Any] = {"local-optimizer": "adamw", "learning-rate": 0.01,
 
 
 AUTO_VALIDATION_FRACTION = 0.1  # validation-fraction "auto" where the run makes a choice
+VALIDATION_ROWS = ("server", "clients")  # who keeps them
 # weight-decay "auto" (server L-BFGS): the path, strongest first, 2 a decade; it holds every
 # committed dataset's tuned value (0.01 to 0.001)
 WEIGHT_DECAY_PATH = (0.1, 0.03, 0.01, 0.003, 0.001, 3e-4, 1e-4)
@@ -208,6 +209,15 @@ class RunConfig:
         "data (`robust-start`, `ridge-lambda = \"auto\"`), else 0 "
         "(the run is row for row what it was). A share in [0, 0.5]; the encoder path holds "
         "none ([Results](results.md#validation-rows)).")
+    validation_rows: str = _key(
+        "server", "data", "Who keeps the validation rows: `server`, carved from the training "
+        "split before the partition and scored by the server (its own rows, never the test "
+        "split); or `clients`: each client holds back `validation-fraction` of its own "
+        "partition (stratified by its (domain, class)), and every round the server asks every "
+        "client for its rows' accuracy and loss on the heads it holds and sums them "
+        "(federated validation; `auto` holds 0.1 back). The best round is chosen on the sums; "
+        "the choices made at the start or by the server's L-BFGS need the server's rows "
+        "([Results](results.md#federated-validation)).", VALIDATION_ROWS)
     num_server_rounds: int = _key(
         20, "rounds", "Federated rounds; `0`: the heads' start is the whole run (FedNCM, "
         "Fed3R).")
@@ -638,11 +648,33 @@ class RunConfig:
         if share != "auto" and share > 0 and self.finetune != "none":
             raise ConfigError("validation-fraction", share, "the encoder path holds no "
                               'validation rows; use "auto" or 0')
+        _one_of("validation-rows", self.validation_rows, VALIDATION_ROWS)
         made = self.choices
+        if self.validation_rows == "clients":
+            self._check_federated_validation(made)
         if made and self.validation_share == 0:
             raise ConfigError("validation-fraction", share, f"{' and '.join(made)} "
                               f"{'is' if len(made) == 1 else 'are'} chosen on validation rows "
                               '(never the test split); use "auto" or a share > 0')
+
+    def _check_federated_validation(self, made: tuple[str, ...]) -> None:
+        """Rows the clients keep are scored by an evaluate exchange each round: what needs
+        the server to score many models itself (at the start, or inside a round) cannot use
+        them, nor can a run whose evaluate exchange does something else."""
+        if made:
+            raise ConfigError("validation-rows", self.validation_rows, f"{' and '.join(made)} "
+                              "scores its candidates on the server's own validation rows; use "
+                              '"server"')
+        needs = {"validation-fraction": (self.validation_share > 0, 'a share > 0 (or "auto")'),
+                 "fraction-evaluate": (self.fraction_evaluate == 0, "0: every round's evaluate "
+                                       "exchange is the federated validation"),
+                 "finetune": (self.finetune == "none", '"none": the encoder path holds no '
+                              "validation rows")}
+        for key, (fine, allowed) in needs.items():
+            if not fine:
+                value = self.validation_fraction if key == "validation-fraction" \
+                    else getattr(self, key.replace("-", "_"))
+                raise ConfigError(key, value, f'with validation-rows="clients" use {allowed}')
 
     def _check_privacy(self) -> None:
         """DP's keys, and what a private run cannot use: anything that shows the server (or the
@@ -798,7 +830,8 @@ def validation_share(values: Mapping[str, Any]) -> float:
     where the run chooses something (`choices_made`)."""
     fraction = values.get("validation-fraction", "auto")
     if fraction == "auto":
-        return AUTO_VALIDATION_FRACTION if choices_made(values) else 0.0
+        federated = values.get("validation-rows", "server") == "clients"
+        return AUTO_VALIDATION_FRACTION if choices_made(values) or federated else 0.0
     return float(fraction)
 
 

@@ -1,5 +1,6 @@
-"""Validation rows (`data.holdout`): a seeded, stratified share no client trains on, and the
-run's choices made on them, never on the test split."""
+"""Validation rows (`data.holdout`): a seeded, stratified share no client trains on, kept by the
+server or by the clients (federated validation), and the run's choices made on them, never on
+the test split."""
 
 import dataclasses
 
@@ -10,7 +11,9 @@ from ovalp_flwr.config import ConfigError, RunConfig
 from ovalp_flwr.data.holdout import training_rows, validation_rows
 from ovalp_flwr.features.cache import load_or_build
 from ovalp_flwr.federation.local_grid import run_local
-from ovalp_flwr.federation.node import all_partitions, held_rows, partition_spec
+from ovalp_flwr.federation.checkpoint import read_checkpoint, unpack
+from ovalp_flwr.federation.node import (all_partitions, feature_source, held_rows,
+                                        node_validation_rows, noise_spec, partition_spec)
 from ovalp_flwr.federation.results import read_summary
 from ovalp_flwr.ova import server
 
@@ -48,6 +51,54 @@ def test_the_clients_partition_every_row_but_the_validation_rows(cache_dir):
     assert sum(map(len, all_partitions(unheld, 10))) == len(cache.train.y)  # chooses nothing
 
 
+def test_clients_keep_a_share_of_their_own_partition_where_they_keep_the_rows(cache_dir):
+    """validation-rows = "clients": nothing is held back before the partition; each client
+    holds back its share of its own rows, by (domain, class), in a draw of its own."""
+    config = RunConfig.from_mapping({"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                                     "validation-rows": "clients", "partition": "shard"})
+    cache = load_or_build("digits", "pixels", cache_dir, progress=False)
+    assert config.validation_share == 0.1 and len(held_rows(cache, partition_spec(config))) == 0
+    # the partition of every row (the server keeps none: "auto" resolves to 0 there)
+    whole = all_partitions(dataclasses.replace(config, validation_rows="server"), 10)
+    source, spec, noise = feature_source(config), partition_spec(config), noise_spec(config)
+    trained = all_partitions(config, 10)
+    kept = [node_validation_rows(source, spec, noise, client, 10) for client in range(10)]
+    for part, everything, (_, labels) in zip(trained, whole, kept):
+        assert set(part) <= set(everything) and len(part) + len(labels) == len(everything)
+    for part, (features, labels) in zip(trained, kept):
+        assert set(labels) <= set(cache.train.y[part])  # its own classes: its own rows
+        for label in set(labels):  # about a tenth of each class it holds
+            total = np.sum(cache.train.y[part] == label) + np.sum(labels == label)
+            assert np.sum(labels == label) == min(total - 1, round(0.1 * total))
+        assert not any((features == cache.train.x[row]).all(axis=1).any() for row in part[:20])
+
+
+def test_federated_validation_is_the_exact_sum_of_what_each_client_keeps(cache_dir, tmp_path):
+    """Every round the server asks every client to score the heads it holds on the rows it
+    keeps; the weighted mean of their replies is the accuracy of those heads on all of them."""
+    options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir), "partition": "shard",
+               "results-dir": str(tmp_path), "num-server-rounds": 3, "validation-rows": "clients",
+               "feature-norm": "none", "head-init": "random", "run-name": "federated"}
+    summary = read_summary(run_local(options, 10))
+    config = RunConfig.from_mapping(options)
+    kept = [node_validation_rows(feature_source(config), partition_spec(config),
+                                 noise_spec(config), client, 10) for client in range(10)]
+    features = np.concatenate([x for x, _ in kept])
+    labels = np.concatenate([y for _, y in kept])
+    heads = unpack("global", read_checkpoint(tmp_path / "federated").arrays)
+    right = np.argmax(features @ heads["weight"].T + heads["bias"], axis=1) == labels
+    last = summary["rounds"][-1]
+    assert last["val_rows"] == len(labels) and last["val_clients"] == 10
+    assert last["val_accuracy"] == pytest.approx(right.mean(), abs=1e-6)
+    assert summary["validation"] == {"fraction": 0.1, "rows": len(labels), "kept_by": "clients",
+                                     "initial_accuracy": summary["validation"]["initial_accuracy"],
+                                     "final_accuracy": last["val_accuracy"]}
+    scored = [summary["validation"]["initial_accuracy"], *(r["val_accuracy"]
+                                                           for r in summary["rounds"])]
+    assert summary["best_val_round"] == max(range(1, 4), key=lambda r: (scored[r], -r))
+    assert all(r["val_loss"] > 0 for r in summary["rounds"])
+
+
 def test_validation_fraction_resolves_where_the_run_chooses_and_refuses_what_cannot_be():
     assert RunConfig().validation_share == 0.0  # the default run chooses nothing: as it was
     assert RunConfig.from_mapping({"robust-start": "leave-out"}).validation_share == 0.1
@@ -67,6 +118,16 @@ def test_validation_fraction_resolves_where_the_run_chooses_and_refuses_what_can
     with pytest.raises(ConfigError, match="the encoder path holds no validation rows"):
         RunConfig.from_mapping({"validation-fraction": 0.1, "finetune": "lp",
                                 "encoder": "efficientnet-lite0"})
+    # rows the clients keep: scored by an exchange each round, so nothing that scores many
+    # models on the server's own rows, nor an evaluate exchange that does something else
+    federated = {"validation-rows": "clients"}
+    assert RunConfig.from_mapping(federated).validation_share == 0.1
+    for extra, refused in (({"robust-start": "leave-out"}, "validation-rows='clients'"),
+                           ({"validation-fraction": 0.0}, "validation-fraction=0.0"),
+                           ({"fraction-evaluate": 0.5}, "fraction-evaluate=0.5"),
+                           ({"validation-rows": "everyone"}, "validation-rows='everyone'")):
+        with pytest.raises(ConfigError, match=f"{refused} is not allowed"):
+            RunConfig.from_mapping({**federated, **extra})
 
 
 def with_test_labels_permuted(monkeypatch):

@@ -120,7 +120,7 @@ def fresh_process_state():
     from ovalp_flwr.federation import node as client_data
 
     for cached in (client_data.node_features, client_data.node_rows, client_data.train_labels,
-                   client_data._partition):
+                   client_data._split):
         cached.cache_clear()
     client._ON_DEVICE.clear()
 

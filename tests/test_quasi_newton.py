@@ -24,15 +24,15 @@ def problem(seed=0, n=300, d=12, k=4):
     return torch.from_numpy(features.astype(np.float32)), torch.from_numpy(labels), k
 
 
-def evaluate(point, features, labels, head="ova", separable=False):
+def evaluate(point, features, labels, head="ova", separable=False, lam=LAM):
     """F (per head if `separable`, else one number), ∇F and the curvature at [K, D+1], as the
     federation computes them."""
     weight = point[:, :-1].astype(np.float32)
     result = full_batch_gradient(weight, point[:, -1].astype(np.float32), features, labels, head)
     w64 = weight.astype(np.float64)
-    per_head = result.losses + 0.5 * LAM * np.sum(w64 ** 2, axis=1)
-    objective = per_head if separable else np.array([result.loss + 0.5 * LAM * np.sum(w64 ** 2)])
-    gradient = np.column_stack([result.weight + LAM * w64, result.bias])
+    per_head = result.losses + 0.5 * lam * np.sum(w64 ** 2, axis=1)
+    objective = per_head if separable else np.array([result.loss + 0.5 * lam * np.sum(w64 ** 2)])
+    gradient = np.column_stack([result.weight + lam * w64, result.bias])
     return objective, gradient, result.curvature
 
 
@@ -61,11 +61,11 @@ def statistics_of(features, labels, k):
     return ClassStatistics.of(features.double(), labels, k, with_gram=True)
 
 
-def run(optimizer, features, labels, rounds, point, head="ova"):
+def run(optimizer, features, labels, rounds, point, head="ova", lam=LAM):
     trail = []
     for _ in range(rounds):
         objective, gradient, curvature = evaluate(point, features, labels, head,
-                                                  optimizer.separable)
+                                                  optimizer.separable, lam)
         trail.append(float(objective.sum()))
         point, _ = optimizer.next_point(point, objective, gradient, curvature)
         point = point.astype(np.float32).astype(np.float64)  # what the clients are sent
@@ -114,6 +114,29 @@ def test_lbfgs_reaches_an_independent_solvers_optimum(head):
     _, trail = run(optimizer, features, labels, 40, np.zeros((k, features.shape[1] + 1)), head)
     assert trail[0] - optimum > 0.5  # far from it at the start
     assert trail[-1] - optimum < 1e-5
+
+
+@pytest.mark.parametrize("separable", [True, False])
+def test_a_weight_decay_moved_mid_run_keeps_what_lbfgs_learnt_and_reaches_the_new_optimum(
+        separable):
+    """weight-decay "auto" walks from a strong penalty to a weaker one: the accepted point's F
+    and ∇F move by the penalty's exact difference, and L-BFGS goes on from there to the new
+    penalty's optimum, its pairs kept."""
+    features, labels, k = problem()
+    stats = statistics_of(features, labels, k)
+    optimizer = ServerLBFGS(GramPreconditioner(stats, 0.1), separable=separable)
+    run(optimizer, features, labels, 6, np.zeros((k, features.shape[1] + 1)), lam=0.1)
+    kept = len(optimizer.pairs)
+    optimizer.preconditioner = optimizer.preconditioner.at(LAM)
+    optimizer.repenalise(LAM - 0.1)
+    base = optimizer.base
+    objective, gradient, curvature = evaluate(base.point, features, labels, separable=separable)
+    np.testing.assert_allclose(base.objective, objective, rtol=1e-6)
+    np.testing.assert_allclose(base.gradient, gradient, atol=1e-6)
+    assert len(optimizer.pairs) == kept > 0
+    point = optimizer.redirect(curvature)
+    _, trail = run(optimizer, features, labels, 30, point)
+    assert trail[-1] - reference_optimum(features, labels, k) < 1e-5
 
 
 def test_a_step_that_does_not_decrease_the_objective_is_taken_back_and_shortened():

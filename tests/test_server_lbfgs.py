@@ -156,8 +156,8 @@ def test_what_the_server_optimizer_cannot_work_with_is_refused_by_name(key, valu
 def test_weight_decay_auto_walks_its_path_on_validation_rows_and_goes_on_at_the_best(cache_dir,
                                                                                     tmp_path):
     """Two rounds at each weight decay, strongest first, each value's held heads scored on the
-    validation rows; the walk stops two values past the best and the run goes on there. A switch
-    from heads the clients have just evaluated takes its first step from those replies."""
+    validation rows; the walk stops two values past the best and the run goes on there. Going
+    on down the path, L-BFGS keeps its pairs (moved to the new penalty): no round restarts."""
     summary = run(cache_dir, tmp_path, "auto", rounds=18, **{"weight-decay": "auto"})
     path, rounds = summary["weight_decay_path"], summary["rounds"]
     scores = path["val_accuracy"]
@@ -170,9 +170,10 @@ def test_weight_decay_auto_walks_its_path_on_validation_rows_and_goes_on_at_the_
     assert [r["path_val_accuracy"] for r in switches] == scores
     assert [r["next_weight_decay"] for r in switches[:-1]] == path["grid"][1:]
     by_round = {r["round"]: r for r in rounds}
-    for switch in switches[:-1]:  # every head's step accepted: no round spent on the switch
-        following = by_round[switch["round"] + 1]["server_step"]
-        assert (following == "first") == (switch["steps_shortened"] > 0)
+    for switch in switches[:-1]:  # the next round judges a step taken at the new penalty
+        assert by_round[switch["round"] + 1]["server_step"] in ("accepted", "shortened")
+    back = by_round[switches[-1]["round"] + 1]["server_step"]  # to the best value's heads
+    assert (back == "first") == (path["chosen"] != path["grid"][-1])
     after = [r for r in rounds if r["round"] > switches[-1]["round"]]
     assert after and all(r["weight_decay"] == path["chosen"] for r in after)
     assert summary["validation"]["fraction"] == 0.1  # "auto" holds rows back for the choice

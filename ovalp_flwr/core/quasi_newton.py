@@ -126,6 +126,28 @@ class ServerLBFGS:
         following = self.base.point + self._rows(self.base.step) * self.base.direction
         return following, "shortened" if self.shortened else "accepted"
 
+    def repenalise(self, change: float) -> None:
+        """The weight decay moved by `change` (new λ − old): the data term is unchanged, so each
+        curvature pair's y, and the accepted point's objective and gradient, move by the
+        penalty's exact difference, and L-BFGS goes on with what it learnt."""
+        self.pairs = [(step, difference + change * _weights(step))
+                      for step, difference in self.pairs]
+        if self.base is not None:
+            extra = 0.5 * change * np.sum(self.base.point[:, :-1] ** 2, axis=1)  # per head
+            self.base.objective = self.base.objective + (extra if self.separable
+                                                         else np.array([extra.sum()]))
+            self.base.gradient = self.base.gradient + change * _weights(self.base.point)
+
+    def redirect(self, curvature: np.ndarray) -> np.ndarray:
+        """A fresh direction at the accepted point (after `repenalise`), a full step on it:
+        where the clients evaluate next."""
+        assert self.base is not None, "redirect needs an accepted point"
+        direction = -self._inverse_hessian_times(self.base.gradient, curvature)
+        parts = len(self.base.objective)
+        self.base = Trial(self.base.point, self.base.objective, self.base.gradient, direction,
+                          np.ones(parts))
+        return self.base.point + direction
+
     def restart(self) -> None:
         """Forget the pairs and the accepted point: the objective changed (rows left it), and
         the next gradient starts L-BFGS again as its first did."""
@@ -200,3 +222,10 @@ class ServerLBFGS:
         self.base = None if "point" not in arrays else Trial(
             arrays["point"], arrays["objective"], arrays["gradient"], arrays["direction"],
             arrays["step"])
+
+
+def _weights(heads: np.ndarray) -> np.ndarray:
+    """[K, D+1] with the bias column zeroed: what the weight decay acts on."""
+    out = heads.copy()
+    out[:, -1] = 0.0
+    return out

@@ -15,17 +15,18 @@ HOLDOUT_STREAM = 0x7A11D  # the holdout's own random stream beside the partition
 
 
 def validation_rows(labels: np.ndarray, domains: np.ndarray | None, fraction: float,
-                    seed: int) -> np.ndarray:
+                    seed: int, stream: int | None = None) -> np.ndarray:
     """Sorted row indices: round(fraction x size) rows of every (domain, class) stratum, drawn
     without replacement, and never a stratum's last row (the clients keep every class they
-    had). `fraction = 0` holds back nothing."""
+    had). `fraction = 0` holds back nothing. `stream`: a draw of its own (each client's, where
+    the clients keep their rows)."""
     labels = np.asarray(labels)
     if not 0 <= fraction < 1:
         raise ValueError(f"validation fraction {fraction!r} is not allowed; use a share in [0, 1)")
     if fraction == 0 or len(labels) == 0:
         return np.empty(0, np.int64)
     domains = np.zeros(len(labels), np.int64) if domains is None else np.asarray(domains)
-    rng = np.random.default_rng([seed, HOLDOUT_STREAM])
+    rng = np.random.default_rng([seed, HOLDOUT_STREAM, *(() if stream is None else (stream,))])
     picks = []
     for domain, label in sorted({(int(d), int(y)) for d, y in zip(domains, labels)}):
         stratum = np.flatnonzero((domains == domain) & (labels == label))

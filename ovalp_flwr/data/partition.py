@@ -34,6 +34,7 @@ class PartitionSpec:
     zipf_s: float = 2.0
     within_domain: str = "iid"  # partition "domain": how each domain's clients split its rows
     validation_fraction: float = 0.0  # held back before partitioning (data.holdout)
+    validation_rows: str = "server"  # "clients": each client holds back its share instead
 
 
 def make_partitioner(

@@ -39,6 +39,8 @@ class CentralEvaluator(ABC):
         self.validation_accuracy: dict[int, float] = {}  # round -> on the validation rows
         self.config = config
         self.round_info: Callable[[int], dict] = lambda _round: {}  # the strategy's record
+        # federated validation: the federation's validation accuracy of a round, if summed
+        self.federated_validation: Callable[[int], float | None] = lambda _round: None
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()
@@ -47,6 +49,8 @@ class CentralEvaluator(ABC):
         on_validation = self._right_on_validation(arrays)
         if on_validation is not None:
             self.validation_accuracy[server_round] = float(on_validation.float().mean())
+        elif (federated := self.federated_validation(server_round)) is not None:
+            self.validation_accuracy[server_round] = federated
         if self.domain_names:
             self.domain_accuracy[server_round] = self._per_domain(right)
         ended = self.done_at[server_round] = time.perf_counter()

@@ -99,7 +99,7 @@ def node_features(source: FeatureSource) -> CachedFeatures:
 def partition_spec(config: RunConfig) -> PartitionSpec:
     return PartitionSpec(config.partition, config.seed, config.classes_per_client,
                          config.dirichlet_p, config.dirichlet_alpha, config.zipf_s,
-                         config.within_domain, config.validation_share)
+                         config.within_domain, config.validation_share, config.validation_rows)
 
 
 def noise_spec(config: RunConfig) -> NoiseSpec:
@@ -114,24 +114,50 @@ def train_labels(source: FeatureSource, noise: NoiseSpec) -> np.ndarray:
 
 
 def held_rows(cached: CachedFeatures, spec: PartitionSpec) -> np.ndarray:
-    """The training split's validation rows (`data.holdout`): no client trains on them; the
-    server scores its choices on them."""
+    """The training split's validation rows the server keeps (`data.holdout`): no client
+    trains on them; the server scores its choices on them. None where the clients keep theirs."""
+    if spec.validation_rows == "clients":
+        return np.empty(0, np.int64)
     return validation_rows(cached.train.y, cached.train.domain, spec.validation_fraction,
                            spec.seed)
 
 
 @lru_cache(maxsize=4)
-def _partition(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
-               num_partitions: int) -> tuple[np.ndarray, ...]:
-    """Partitioned on the noisy labels (noise comes first, as in the benchmarks), after the
-    validation rows are held back; indices are rows of the whole training split."""
+def _split(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec, num_partitions: int
+           ) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Every client's (training rows, validation rows it keeps), indices of the whole training
+    split. Partitioned on the noisy labels (noise comes first, as in the benchmarks), after the
+    server's validation rows are held back; where the clients keep theirs, each holds back its
+    share of its own partition, stratified by its (domain, clean label), its own draw."""
     cached = node_features(source)
     rows = training_rows(len(cached.train.y), held_rows(cached, spec))
     needs_features = "feature-skew" in (spec.kind, spec.within_domain)
-    parts = partition_indices(spec, train_labels(source, noise)[rows], num_partitions,
-                              cached.train.x[rows] if needs_features else None,
-                              cached.train.domain[rows])
-    return tuple(rows[part] for part in parts)
+    parts = [rows[part] for part in partition_indices(
+        spec, train_labels(source, noise)[rows], num_partitions,
+        cached.train.x[rows] if needs_features else None, cached.train.domain[rows])]
+    if spec.validation_rows != "clients":
+        return tuple((part, np.empty(0, np.int64)) for part in parts)
+    split = []
+    for client, part in enumerate(parts):
+        kept = validation_rows(cached.train.y[part], cached.train.domain[part],
+                               spec.validation_fraction, spec.seed, stream=client)
+        split.append((part[training_rows(len(part), kept)], part[kept]))
+    return tuple(split)
+
+
+def _partition(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
+               num_partitions: int) -> tuple[np.ndarray, ...]:
+    """Every client's training rows (`_split`)."""
+    return tuple(train for train, _ in _split(source, spec, noise, num_partitions))
+
+
+def node_validation_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
+                         partition_id: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    """The validation rows this client keeps (validation-rows = "clients"): features and
+    clean labels (the validation split scores; label noise is the training rows' fault)."""
+    cached = node_features(source)
+    rows = _split(source, spec, noise, num_partitions)[partition_id][1]
+    return np.ascontiguousarray(cached.train.x[rows]), cached.train.y[rows].astype(np.int64)
 
 
 def all_partitions(config: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:

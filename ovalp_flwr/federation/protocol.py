@@ -43,6 +43,8 @@ TRAIN_LOSS = "train-loss"
 TRAIN_SECONDS = "train-seconds"
 LOCAL_STEPS = "local-steps"  # optimiser steps the client took (SCAFFOLD's variate needs it)
 ACCURACY = "accuracy"
+VALIDATION = "validation"  # evaluate config: 1 = score the validation rows this client keeps
+VALIDATION_LOSS = "validation-loss"  # evaluate reply: the mean loss on those rows
 STAGE = "stage"
 # server-optimizer = "lbfgs": a train message asks for the full-batch gradient, not local steps
 GRADIENT = "gradient"  # train config: 1 = reply with the gradient at the heads sent

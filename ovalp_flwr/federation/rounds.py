@@ -83,6 +83,7 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         seed=config.seed,
         fraction_train=config.fraction_train,
         fraction_evaluate=config.fraction_evaluate,
+        federated_validation=config.validation_rows == "clients",
         aggregation_weights=config.aggregation_weights,
         exclude_after=config.exclude_after_rejections,
         robust=(RobustAggregation(config.robust_aggregation, config.robust_fraction)

@@ -117,7 +117,7 @@ class StagedLBFGS(Staged, FedAvg):
         if self.path is not None:
             record["weight_decay"] = self.weight_decay
             if self.path.tick():
-                following = self._next_value(server_round, record, point, mean, metrics)
+                following = self._next_value(server_round, record, following, curvature)
         return to_record({"weight": following[:, :-1].astype(np.float32),
                           "bias": following[:, -1].astype(np.float32)})
 
@@ -133,31 +133,30 @@ class StagedLBFGS(Staged, FedAvg):
                      else np.array([float(metrics[TRAIN_LOSS]) + penalty.sum()]))
         return objective, gradient
 
-    def _next_value(self, server_round: int, record: dict, point: np.ndarray,
-                    mean: dict[str, np.ndarray], metrics: MetricRecord) -> np.ndarray:
-        """The walk's step: the held heads scored on the validation rows, the next weight decay
-        (or the best, when the walk ends), and where the clients evaluate next. The data term
-        does not depend on λ: where the heads to start from are the ones the clients have just
-        evaluated, L-BFGS takes its first step at the new λ from this round's replies, and the
-        switch costs no round."""
+    def _next_value(self, server_round: int, record: dict, following: np.ndarray,
+                    curvature: np.ndarray) -> np.ndarray:
+        """The walk's step: the held heads scored on the validation rows, and the next weight
+        decay (or the best, when the walk ends). Going on from the heads it holds, L-BFGS keeps
+        its pairs, moved to the new penalty (`repenalise`), and takes its next step from there,
+        so a switch costs no round; back to an earlier value's heads, it starts again there."""
         assert self.path is not None and self.score_validation is not None
         held = self.optimizer.base.point  # this round's replies judged the last step
         score = self.score_validation(self.held(to_record(self._global)))
         start = self.path.record(score, held)
+        old, new = self.weight_decay, self.path.value
         say(INFO, "round %s: weight decay %.3g scores %.4f on the validation rows; %s %.3g",
-            server_round, self.weight_decay, score,
-            "the walk ends: going on at" if not self.path.walking else "next:", self.path.value)
-        self.weight_decay = self.path.value
-        self.optimizer.preconditioner = self.optimizer.preconditioner.at(self.weight_decay)
-        self.optimizer.restart()  # a new objective: the pairs and the accepted point no longer hold
-        record.update(server_step="path", path_val_accuracy=score,
-                      next_weight_decay=self.weight_decay)
-        if not np.array_equal(start, point):
-            return start  # evaluated next round: the first step at the new λ then
-        objective, gradient = self._penalised(point, mean, metrics)
-        following, _ = self.optimizer.next_point(point, objective, gradient,
-                                                 np.asarray(metrics[CURVATURE], np.float64))
-        return following
+            server_round, old, score,
+            "the walk ends: going on at" if not self.path.walking else "next:", new)
+        record.update(server_step="path", path_val_accuracy=score, next_weight_decay=new)
+        if np.array_equal(start, held) and new == old:
+            return following  # the walk ended at the value it was at
+        self.weight_decay = new
+        self.optimizer.preconditioner = self.optimizer.preconditioner.at(new)
+        if np.array_equal(start, held):
+            self.optimizer.repenalise(new - old)
+            return self.optimizer.redirect(curvature)
+        self.optimizer.restart()  # an earlier value's heads: no pair or point holds there
+        return start
 
     def train_round(self, grid: Grid, server_round: int, arrays: ArrayRecord,
                     train_config: ConfigRecord, timeout: float

@@ -35,7 +35,8 @@ from flwr.supercore import log
 from ovalp_flwr.federation.checkpoint import pack, unpack
 from ovalp_flwr.federation.protocol import (ACCURACY, ARRAYS, CORRECTION, METRICS, NUM_EXAMPLES,
                                             SHARED_VARIATE, STAGE, TRAIN_LOSS, TRAIN_SECONDS,
-                                            VARIATE_ROUND, describe_failures, to_record)
+                                            VALIDATION, VALIDATION_LOSS, VARIATE_ROUND,
+                                            describe_failures, to_record)
 from ovalp_flwr.federation.replies import (TrainReply, UndecodableReply, decode_reply,
                                            weighted_mean, weighted_metrics)
 from ovalp_flwr.federation.robust import RobustAggregation
@@ -88,6 +89,7 @@ class Staged:
         exclude_after: int = 0,
         left_out: Iterable[int] = (),
         robust: RobustAggregation | None = None,
+        federated_validation: bool = False,
         **strategy_options,
     ) -> None:
         """admit(grid, new_node_ids) -> node ids in sampling order: how nodes that connect
@@ -99,15 +101,18 @@ class Staged:
         is no longer sampled (0: never); left_out: nodes connected at the start but refused by
         the set-up (not to be admitted later as new ones). robust: the round's combination of
         the replies in place of their mean (`robust`), None for FedAvg's mean.
+        federated_validation: the clients keep the validation rows; every round (and the start)
+        the server asks every node to score the heads it holds on them, and keeps the sums.
         strategy_options go to the Flower strategy (e.g. FedAdam's eta)."""
         if aggregation_weights not in ("samples", "uniform"):
             raise ValueError(f"aggregation-weights={aggregation_weights!r} is not allowed; "
                              "choose samples or uniform")
         super().__init__(
             fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
+            # every node, every round, under federated validation (`configure_evaluate`)
+            fraction_evaluate=1.0 if federated_validation else fraction_evaluate,
             min_train_nodes=1,
-            min_evaluate_nodes=1 if fraction_evaluate > 0 else 0,
+            min_evaluate_nodes=1 if fraction_evaluate > 0 or federated_validation else 0,
             min_available_nodes=1,
             weighted_by_key=NUM_EXAMPLES,
             **strategy_options,
@@ -127,6 +132,9 @@ class Staged:
         self._global: dict[str, np.ndarray] = {}  # the arrays sent this round
         self.extra_train_config = dict(extra_train_config or {})
         self.rounds: dict[int, dict] = {}  # per-round costs, read by the ServerApp
+        self.federated_validation = federated_validation
+        # round -> the federation's validation accuracy, loss and rows (federated validation)
+        self.validation_scores: dict[int, dict[str, float]] = {}
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
@@ -145,6 +153,8 @@ class Staged:
         evaluate_config = evaluate_config or ConfigRecord()
         result = resume or Result()
         arrays = initial_arrays
+        if resume is None and self.federated_validation:  # the start's, as every round's
+            self._evaluate_round(grid, 0, arrays, evaluate_config, timeout, result)
         if resume is None and evaluate_fn is not None:
             self._record(result.evaluate_metrics_serverapp, 0, evaluate_fn(0, arrays))
         for server_round in range(first_round, num_rounds + 1):
@@ -154,12 +164,8 @@ class Staged:
             if new_arrays is not None:
                 result.arrays = arrays = new_arrays
             self._record(result.train_metrics_clientapp, server_round, train_metrics)
-            evaluate = list(self.configure_evaluate(server_round, arrays, evaluate_config, grid))
-            # fraction-evaluate = 0: no exchange at all (Flower's grid would still pull once)
-            replies = grid.send_and_receive(evaluate, timeout=timeout) if evaluate else []
-            self._record(result.evaluate_metrics_clientapp, server_round,
-                         self.aggregate_evaluate(server_round, replies))
             held = self.held(arrays)
+            self._evaluate_round(grid, server_round, held, evaluate_config, timeout, result)
             if trial_score is not None and held is not arrays:
                 self.rounds.setdefault(server_round, {})["trial_accuracy"] = trial_score(arrays)
             if evaluate_fn is not None:
@@ -169,6 +175,16 @@ class Staged:
                 after_round(server_round, arrays, result)
         result.arrays = self.held(arrays)
         return result
+
+    def _evaluate_round(self, grid: Grid, server_round: int, held: ArrayRecord,
+                        evaluate_config: ConfigRecord, timeout: float, result: Result) -> None:
+        """The clients' evaluate exchange on the heads the server holds, where there is one
+        (fraction-evaluate = 0 and no federated validation: none at all; Flower's grid would
+        still pull once)."""
+        evaluate = list(self.configure_evaluate(server_round, held, evaluate_config, grid))
+        replies = grid.send_and_receive(evaluate, timeout=timeout) if evaluate else []
+        self._record(result.evaluate_metrics_clientapp, server_round,
+                     self.aggregate_evaluate(server_round, replies))
 
     def held(self, arrays: ArrayRecord) -> ArrayRecord:
         """The heads the server would return after a round that ends with `arrays` to send
@@ -303,12 +319,15 @@ class Staged:
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Client-side (local) evaluation on a seeded sample, if fraction-evaluate > 0."""
+        """Client-side (local) evaluation on a seeded sample, if fraction-evaluate > 0; under
+        federated validation, every node scores the validation rows it keeps."""
         if self.fraction_evaluate == 0.0:
             return []
         node_ids = self.sample(grid, server_round, self.fraction_evaluate, purpose=1)
         round_config = ConfigRecord(dict(config))
         round_config["server-round"] = server_round
+        if self.federated_validation:
+            round_config[VALIDATION] = 1
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: round_config})
         return self._construct_messages(content, node_ids, MessageType.EVALUATE)
 
@@ -425,9 +444,22 @@ class Staged:
         return lambda node: (order.get(node, len(order)), node)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Sample-weighted local accuracy over clients that have data (and a plausible score)."""
+        """Sample-weighted local accuracy over clients that have data (and a plausible score);
+        under federated validation, the federation's validation accuracy and mean loss (sums
+        over the rows every node that answered keeps), recorded for the round."""
         with_data = [m for m in _with_data(replies) if _plausible_score(m)]
-        return super().aggregate_evaluate(server_round, with_data) if with_data else None
+        if not with_data:
+            return None
+        mean = super().aggregate_evaluate(server_round, with_data)
+        if self.federated_validation and mean is not None:
+            rows = sum(int(_metrics(m)[NUM_EXAMPLES]) for m in with_data)
+            scores = {"accuracy": float(mean[ACCURACY]), "loss": float(mean[VALIDATION_LOSS]),
+                      "rows": rows, "clients": len(with_data)}
+            self.validation_scores[server_round] = scores
+            if server_round:  # the start's are the summary's
+                self.rounds.setdefault(server_round, {}).update(
+                    val_loss=scores["loss"], val_rows=rows, val_clients=len(with_data))
+        return mean
 
 
 def _metrics(message: Message) -> MetricRecord:

@@ -21,7 +21,7 @@ from flwr.compat.common import recorddict_compat as compat
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.devices import one_cpu_thread, resolve_device
 from ovalp_flwr.core.head_init.statistics import KINDS, ClassStatistics
-from ovalp_flwr.core.heads import FullBatchGradient, accuracy, full_batch_gradient
+from ovalp_flwr.core.heads import FullBatchGradient, accuracy, full_batch_gradient, loss_for
 from ovalp_flwr.core.model import FeatureModel, model_from_numpy, model_to_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
 from ovalp_flwr.core.training import shuffle_generator, train_local
@@ -29,8 +29,8 @@ from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.attacks import attack_of, flipped
 from ovalp_flwr.federation.privacy import clip_rows
 from ovalp_flwr.federation.node import (NodeRows, feature_source, local_schedule, node_partition,
-                                        node_rows, node_test_rows, noise_spec, partition_spec,
-                                        run_config)
+                                        node_rows, node_test_rows, node_validation_rows,
+                                        noise_spec, partition_spec, run_config)
 from ovalp_flwr.federation.scaffold_client import drift_offset, reply_variate
 from ovalp_flwr.personalize.client import personalization_reply, score_reply
 
@@ -199,13 +199,22 @@ def _gradient_reply(msg: Message, config: RunConfig, features: torch.Tensor,
 
 
 def evaluate(msg: Message, context: Context) -> Message:
-    """Local accuracy of the global head on this client's own data."""
+    """Local accuracy of the global head on this client's own training rows, or (`validation`
+    in the config: federated validation) its accuracy and mean loss on the validation rows
+    the client keeps; the server's weighted mean of the replies is the federation's."""
     config = run_config(context)
-    features, labels = _device_rows(config, context, str(msg.content[p.CONFIG].get(p.NORM_DIGEST, "")))
+    request = msg.content[p.CONFIG]
+    on_validation = int(request.get(p.VALIDATION, 0)) == 1
+    features, labels = _device_rows(config, context, str(request.get(p.NORM_DIGEST, "")),
+                                    "validation" if on_validation else "train")
     head = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), features.device,
                             config.adapter_activation)
-    local_accuracy = accuracy(head, features, labels) if len(labels) else 0.0
-    metrics = MetricRecord({p.ACCURACY: local_accuracy, p.NUM_EXAMPLES: len(labels)})
+    metrics = MetricRecord({p.ACCURACY: accuracy(head, features, labels) if len(labels) else 0.0,
+                            p.NUM_EXAMPLES: len(labels)})
+    if on_validation:
+        with torch.inference_mode():
+            loss = loss_for(config.head, 2)(head(features), labels) if len(labels) else 0.0
+        metrics[p.VALIDATION_LOSS] = float(loss)
     return Message(content=RecordDict({p.METRICS: metrics}), reply_to=msg)
 
 
@@ -235,7 +244,8 @@ def _rows(config: RunConfig, context: Context) -> NodeRows:
 def _device_rows(config: RunConfig, context: Context, digest: str,
                  split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     """This client's normalised features and labels on its device, built once per process:
-    its training partition, or (split="test") its own test split (`node_test_rows`)."""
+    its training partition, its own test split (split="test": `node_test_rows`) or the
+    validation rows it keeps (split="validation": `node_validation_rows`)."""
     partition_id, num_partitions = node_partition(context)
     run = (feature_source(config, context.node_config), partition_spec(config),
            noise_spec(config), config.feature_norm, config.device, num_partitions, digest)
@@ -245,7 +255,8 @@ def _device_rows(config: RunConfig, context: Context, digest: str,
     on_device = _ON_DEVICE[run]
     if (split, partition_id) not in on_device:
         stats = _stored_stats(context, digest)
-        rows = _rows(config, context) if split == "train" else _test_rows(config, context)
+        rows = {"train": _rows, "test": _test_rows, "validation": _validation_rows}[split](
+            config, context)
         device = resolve_device(config.device)
         features = normalize(config.feature_norm, rows.features, stats) if len(rows.labels) \
             else rows.features
@@ -253,6 +264,14 @@ def _device_rows(config: RunConfig, context: Context, digest: str,
             torch.from_numpy(np.ascontiguousarray(features)).to(device),
             torch.from_numpy(rows.labels.astype(np.int64)).to(device))
     return on_device[split, partition_id]
+
+
+def _validation_rows(config: RunConfig, context: Context) -> NodeRows:
+    partition_id, num_partitions = node_partition(context)
+    source = feature_source(config, context.node_config)
+    features, labels = node_validation_rows(source, partition_spec(config), noise_spec(config),
+                                            partition_id, num_partitions)
+    return NodeRows(features, labels, 0, "")
 
 
 def _test_rows(config: RunConfig, context: Context) -> NodeRows:

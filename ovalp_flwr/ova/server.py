@@ -104,6 +104,8 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     )
     evaluator = FeatureEvaluator(cache, config, stats, validation)
     evaluator.round_info = lambda server_round: strategy.rounds.get(server_round, {})
+    evaluator.federated_validation = \
+        lambda server_round: strategy.validation_scores.get(server_round, {}).get("accuracy")
     if getattr(strategy, "path", None) is not None:  # weight-decay "auto": its walk's scores
         strategy.score_validation = evaluator.validation_score
     checkpoints = Checkpoints(run_dir, config, strategy, evaluator, clients, stats, start)
@@ -122,9 +124,10 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     summary = run_summary(config, result, strategy, evaluator, setup.partition,
                           _feature_info(cache, stats))
     finish_run(summary, config, clients, steps, setup.costs)
-    if validation is not None:
-        summary.update(validation_summary(config, validation, evaluator.validation_accuracy,
-                                          summary))
+    if validation is not None or strategy.federated_validation:
+        rows = len(validation.labels) if validation is not None else \
+            strategy.validation_scores.get(config.num_server_rounds, {}).get("rows", 0)
+        summary.update(validation_summary(config, rows, evaluator.validation_accuracy, summary))
     summary["head_init"] = checkpoints.head_init
     if getattr(strategy, "path", None) is not None:
         summary["weight_decay_path"] = strategy.path.summary()
@@ -229,16 +232,19 @@ def validation_rows(config: RunConfig, cache: CachedFeatures,
                           cache.train.y[held].astype(np.int64))
 
 
-def validation_summary(config: RunConfig, validation: ValidationRows, scored: dict[int, float],
+def validation_summary(config: RunConfig, rows: int, scored: dict[int, float],
                        summary: dict) -> dict:
-    """What summary.json says of the validation rows and the round they pick: the best round
-    by validation accuracy (the earliest of equals; among the rounds `best_accuracy` ranges
-    over), and that round's test accuracy."""
+    """What summary.json says of the validation rows (`rows` of them, kept by the server or
+    by the clients) and the round they pick: the best round by validation accuracy (the
+    earliest of equals; among the rounds `best_accuracy` ranges over, and scored: a round whose
+    federated validation no client answered has no score), and that round's test accuracy."""
     last = config.num_server_rounds
-    best = max(range(min(1, last), last + 1), key=lambda r: (scored[r], -r))
+    best = max((r for r in range(min(1, last), last + 1) if r in scored),
+               key=lambda r: (scored[r], -r))
     test = [summary["initial_accuracy"], *(r["accuracy"] for r in summary["rounds"])]
-    return {"validation": {"fraction": config.validation_share, "rows": len(validation.labels),
-                           "initial_accuracy": scored[0], "final_accuracy": scored[last]},
+    return {"validation": {"fraction": config.validation_share, "rows": rows,
+                           "kept_by": config.validation_rows,
+                           "initial_accuracy": scored.get(0), "final_accuracy": scored.get(last)},
             "best_val_round": best, "accuracy_at_best_val_round": test[best]}
 
 
