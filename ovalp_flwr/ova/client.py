@@ -8,7 +8,7 @@ device; a round is then a few SGD (or AdamW) steps on a slice of memory.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import numpy as np
@@ -266,20 +266,21 @@ def _device_rows(config: RunConfig, context: Context, digest: str,
     return on_device[split, partition_id]
 
 
-def _validation_rows(config: RunConfig, context: Context) -> NodeRows:
-    partition_id, num_partitions = node_partition(context)
-    source = feature_source(config, context.node_config)
-    features, labels = node_validation_rows(source, partition_spec(config), noise_spec(config),
-                                            partition_id, num_partitions)
-    return NodeRows(features, labels, 0, "")
+def _scored_rows(rows_of: Callable[..., tuple[np.ndarray, np.ndarray]]
+                 ) -> Callable[[RunConfig, Context], NodeRows]:
+    """This client's rows that only score (its own test split, the validation rows it keeps),
+    from `rows_of(source, spec, noise, partition_id, num_partitions)`; clean labels."""
+    def rows(config: RunConfig, context: Context) -> NodeRows:
+        partition_id, num_partitions = node_partition(context)
+        features, labels = rows_of(feature_source(config, context.node_config),
+                                   partition_spec(config), noise_spec(config), partition_id,
+                                   num_partitions)
+        return NodeRows(features, labels, 0, "")
+    return rows
 
 
-def _test_rows(config: RunConfig, context: Context) -> NodeRows:
-    partition_id, num_partitions = node_partition(context)
-    source = feature_source(config, context.node_config)
-    features, labels = node_test_rows(source, partition_spec(config), noise_spec(config),
-                                      partition_id, num_partitions)
-    return NodeRows(features, labels, 0, "")
+_test_rows = _scored_rows(node_test_rows)
+_validation_rows = _scored_rows(node_validation_rows)
 
 
 # ------------------------------------------------------------------ personalization (PFT)
