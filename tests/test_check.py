@@ -3,7 +3,7 @@ head names, compared byte for byte, and the committed files put back whatever it
 
 import pytest
 
-from ovalp_flwr.experiments.report.check import check, remakes
+from ovalp_flwr.experiments.report.check import Pending, check, pending, remakes, verdict
 
 MAKER = """from pathlib import Path
 value = Path("results.txt").read_text()
@@ -47,3 +47,19 @@ def test_a_command_that_fails_says_why_and_a_report_without_one_is_refused(proje
     (project / "reports" / "demo" / "notes.md").write_text("hand-written\n")
     with pytest.raises(ValueError, match="notes.md: its head names no command"):
         remakes(project / "reports")
+
+
+def test_a_pending_report_waits_without_failing_and_must_leave_the_list_once_it_remakes(project):
+    (project / "reports" / "pending.toml").write_text('[demo]\nwhy = "runs not committed"\n')
+    waiting = pending(project / "reports")
+    assert waiting == {"demo": Pending("runs not committed")}
+    (remake,) = remakes(project / "reports")
+    label, said = verdict(remake, check(remake, root=project), waiting)  # no results.txt
+    assert label == "PENDING" and said[0].startswith("runs not committed (the command exited 1")
+    (project / "results.txt").write_text("1")
+    assert verdict(remake, check(remake, root=project), waiting) == (
+        "FAIL", ["remakes as committed: remove it from reports/pending.toml"])
+    assert verdict(remake, [], {}) == ("ok  ", [])
+    # runs made by older code: the report remakes from them and still waits for its rerun
+    assert verdict(remake, [], {"demo": Pending("older code's runs", stale=True)}) == (
+        "PENDING", ["older code's runs"])
