@@ -9,11 +9,9 @@ Writes `reports/server-optimizer/report.md`, `table.csv` and `gap.png`:
 
     .venv/bin/python benchmarks/server_optimizer_report.py
 
-F - F* at round t is the objective of the heads after round t: the clients measure it at the
-start of round t + 1 (`objective` in summary.json); after the last round it is computed here,
-from the run's checkpoint and the feature cache, as the clients would, and kept in
-`reports/server-optimizer/final_objectives.json` (the checkpoints are not committed: a rerun on the
-committed summaries reads it from there).
+F - F* at round t is the objective of the heads the server holds after round t (L-BFGS's last
+accepted point: `held_objective` in summary.json, from the clients' own sums), the model a
+round reports, not the trial point sent next.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import statistics
 import sys
 from collections import defaultdict
@@ -33,18 +30,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 from ovalp_flwr.core.durable import replace_durably  # noqa: E402
 from ovalp_flwr.experiments.ceiling import read_ceilings  # noqa: E402
 from ovalp_flwr.experiments.sweep import is_done, load_preset  # noqa: E402
-from ovalp_flwr.federation.checkpoint import read_checkpoint, unpack  # noqa: E402
 from ovalp_flwr.federation.results import read_summary  # noqa: E402
-from ovalp_flwr.features.cache import load_or_build  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from centralised_ceiling import standardised  # noqa: E402
-from regularised_optimum import objective, read_optima  # noqa: E402
+from regularised_optimum import read_optima  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "conf" / "server-optimizer.toml"
@@ -56,24 +49,11 @@ FORMATS = {"gap": "{:.1e}", "to": "{:.1f}", "MB": "{:.1f}", "shortened": "{:.1f}
 BARS = (0.99, 0.995)
 
 
-def final_objective(run_dir: Path, case: str, lam: float, cache_dir: Path) -> float:
-    """F at the run's final heads (its last checkpoint), on all training rows."""
-    dataset, _, encoder = case.partition(":")
-    cache = load_or_build(dataset, encoder, cache_dir)
-    train, _ = standardised(cache)
-    x = torch.from_numpy(train).double()
-    y = torch.from_numpy(cache.train.y.astype(np.int64))
-    arrays = unpack("global", read_checkpoint(run_dir).arrays)
-    flat = np.concatenate([arrays["weight"].astype(np.float64).ravel(),
-                           arrays["bias"].astype(np.float64)])
-    return objective(x, y, lam, "ova", cache.num_classes)(flat)[0]
-
-
-def run_row(summary: dict[str, Any], ceiling: float, optimum: float, final_f: float) -> dict:
+def run_row(summary: dict[str, Any], ceiling: float, optimum: float) -> dict:
     """What the tables need of one run."""
     rounds = summary["rounds"]
     accuracy = [summary["initial_accuracy"], *(r["accuracy"] for r in rounds)]
-    gap = [r["objective"] - optimum for r in rounds[1:]] + [final_f - optimum]  # after round t
+    gap = [r["held_objective"] - optimum for r in rounds]  # after round t, of the heads held
     clients = summary["num_clients"]
     setup = (summary["setup"]["bytes_sent"] + summary["setup"]["bytes_received"]) / clients
     spent = np.cumsum([setup] + [r["bytes_sent_per_client"] + r["bytes_received_per_client"]
@@ -117,12 +97,9 @@ def cell(values: list[float | None], fmt: str = "{:.2f}") -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results-dir", type=Path, default=ROOT / "results")
-    parser.add_argument("--cache-dir", type=Path, default=ROOT / "feature_cache")
     args = parser.parse_args(argv)
     preset = load_preset(PRESET)
     ceilings, optima, base = read_ceilings(), read_optima(), baselines()
-    finals_file = OUT / "final_objectives.json"
-    finals = json.loads(finals_file.read_text()) if finals_file.exists() else {}
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
     curves: dict[str, list[list[float]]] = defaultdict(list)
     for spec in preset.runs():
@@ -136,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         case = f"{config['dataset']}:{config['encoder']}"
         lam = config["weight-decay"]
         optimum = optima[f"{case}|ova|{lam:g}"]["objective"]
-        if (run_dir / "checkpoint.safetensors").exists():
-            finals[spec.name] = final_objective(run_dir, case, lam, args.cache_dir)
-        row = run_row(summary, ceilings[case]["ceiling"], optimum, finals[spec.name])
+        if any("held_objective" not in r for r in summary["rounds"]):
+            raise SystemExit(f"error: {run_dir} has no held_objective per round (older code made "
+                             f"it); rerun `python -m ovalp_flwr.experiments.sweep "
+                             f"{PRESET.relative_to(ROOT)} --runner local`")
+        row = run_row(summary, ceilings[case]["ceiling"], optimum)
         cells[spec.choice("dataset"), spec.choice("partition")].append(row)
         curves[spec.choice("dataset")].append(row["gaps"])
     OUT.mkdir(parents=True, exist_ok=True)
-    replace_durably(finals_file, json.dumps(dict(sorted(finals.items())), indent=1) + "\n")
     write(cells, curves, ceilings, optima, base, preset)
     return 0
 
@@ -205,8 +183,8 @@ def document(lines, cells, ceilings, optima, base, preset) -> str:
         "the ceiling (0: the start is there); **MB/client** to it: bytes each client moved both "
         "ways by then, the set-up's statistics (with the Gram matrix) included.",
         "- **F − F\\***: the objective the rounds minimise (mean OvA loss + λ/2 ‖W‖², λ the "
-        "ceiling's one-vs-rest λ) at the heads after round t, minus its centralised optimum "
-        f"from SciPy (`benchmarks/results/regularised_optimum.md`): {targets}.",
+        "ceiling's one-vs-rest λ) at the heads the server holds after round t, minus its "
+        f"centralised optimum from SciPy (`benchmarks/results/regularised_optimum.md`): {targets}.",
         "- Cells are mean ± std over seeds 0, 42, 777.", "",
         "## The server's L-BFGS", "", *lines, "",
         "![F − F* per round](gap.png)", "",

@@ -108,7 +108,12 @@ def test_every_round_scores_the_heads_the_server_holds_and_the_trial_point_besid
     assert accepted  # every head's step taken: the trial point became the held one
     for r in accepted:
         assert rounds[r]["accuracy"] == rounds[r - 1]["trial_accuracy"]
+        assert rounds[r]["held_objective"] == rounds[r]["objective"]  # held = evaluated
     assert summary["final_accuracy"] == rounds[-1]["accuracy"]
+    # F of the heads held: the start's after round 1, then only ever lower (every head accepts
+    # a step only if it lowers its own loss + penalty)
+    held = [r["held_objective"] for r in rounds]
+    assert held[0] == rounds[0]["objective"] and all(b <= a for a, b in zip(held, held[1:]))
 
 
 def test_a_node_that_stops_answering_leaves_the_objective_after_its_patience(cache_dir, tmp_path,

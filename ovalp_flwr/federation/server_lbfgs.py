@@ -113,7 +113,8 @@ class StagedLBFGS(Staged, FedAvg):
         following, status = self.optimizer.next_point(point, objective, gradient, curvature)
         record.update(objective=float(objective.sum()), server_step=status,
                       gradient_norm=float(np.linalg.norm(gradient)),
-                      steps_shortened=self.optimizer.shortened)
+                      steps_shortened=self.optimizer.shortened,
+                      held_objective=float(self.optimizer.base.objective.sum()))
         if self.path is not None:
             record["weight_decay"] = self.weight_decay
             if self.path.tick():
