@@ -45,6 +45,7 @@ ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
 FINETUNES = ("none", "lp", "fedavg-lora", "flora", "full")  # ovalp_flwr.finetune
 PFT_GLOBALS = ("server", "clients")  # who scores Global: ovalp_flwr.personalize.phase
 ROBUST_STARTS = ("none", "leave-out")  # core.head_init.leave_out
+DP_UNCOVERED = ("refuse", "allow")  # a private run's releases without noise: federation.privacy
 ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean", "multi-krum", "norm-clip")  # federation.robust
 ATTACKS = ("none", "scale-10", "scale-100", "sign-flip", "label-flip", "stats-flip", "stats-gram",
            "stats-count")  # federation.attacks
@@ -250,6 +251,11 @@ class RunConfig:
     aggregation_weights: str = _key(
         "samples", "rounds", "`samples`: FedAvg's weights, by sample count; `uniform`: each "
         "client with data counts once.", AGGREGATION_WEIGHTS)
+    weight_cap: float = _key(
+        0.0, "rounds", "The most weight one reply can have in the rounds' mean, as a multiple of "
+        "the median sample count the clients holding data described (`0`: no cap). A client "
+        "that states ten times its rows (the `stats-count` attack) buys at most this "
+        "([Robustness](robustness.md#a-cap-on-what-a-count-buys)).")
     robust_aggregation: str = _key(
         "none", "rounds", "How the server combines the heads' updates: `none`, FedAvg's mean; "
         "`median` or `trimmed-mean` (per coordinate, Flower's), `multi-krum` (the mean of the "
@@ -322,6 +328,12 @@ class RunConfig:
     dp_delta: float = _key(
         1e-5, "start", "The δ at which `dp-statistics-epsilon` and `dp-rounds-epsilon` are "
         "spent, in (0, 1).")
+    dp_uncovered: str = _key(
+        "refuse", "start", "A private run that also releases client data without noise (a "
+        "start from exact statistics under DP rounds, rounds without noise after a DP start, "
+        "personalized models, client-side evaluation or validation scores): `refuse` it, or "
+        "`allow` it, and summary.json then gives ε = \"inf\" at every level that release "
+        "breaks ([Robustness](robustness.md#differential-privacy)).", DP_UNCOVERED)
     robust_start: str = _key(
         "none", "start", "`leave-out`: the server keeps each client's statistics and, before "
         "the start is used, builds it once without each client in turn; a client whose absence "
@@ -486,6 +498,26 @@ class RunConfig:
         return validation_share(self.to_dict())
 
     @property
+    def data_releases(self) -> tuple[str, ...]:
+        """What the run sends out of the clients computed from their rows: the start's
+        statistics (read by a class-means or ridge start, by L-BFGS's preconditioner, by the
+        leave-out check), the rounds' updates, scores on their validation or test rows, the
+        personalized models. Differential privacy covers the first two when asked."""
+        releases = []
+        if self.head_init in ("class-means", "ridge") or self.server_steps \
+                or self.robust_start != "none":
+            releases.append("statistics")
+        if self.num_server_rounds > 0:
+            releases.append("rounds")
+        if self.validation_rows == "clients":
+            releases.append("validation")
+        if self.fraction_evaluate > 0:
+            releases.append("evaluation")
+        if self.personalization_methods:
+            releases.append("personalization")
+        return tuple(releases)
+
+    @property
     def server_steps(self) -> bool:
         """Whether the server optimises the objective itself (the clients send gradients)."""
         return self.server_optimizer == "lbfgs"
@@ -616,8 +648,17 @@ class RunConfig:
         _one_of("attack", self.attack, ATTACKS)
         if not 0 <= self.robust_fraction < 0.5:
             raise ConfigError("robust-fraction", self.robust_fraction, "use a share in [0, 0.5)")
+        if self.robust_fraction == 0 and self.robust_aggregation in ("trimmed-mean", "multi-krum"):
+            raise ConfigError("robust-fraction", self.robust_fraction, f"with robust-aggregation="
+                              f'"{self.robust_aggregation}" use a share > 0: at 0 it is the mean')
         if not 0 < self.attack_fraction <= 1:
             raise ConfigError("attack-fraction", self.attack_fraction, "use a share in (0, 1]")
+        if not self.weight_cap >= 0:
+            raise ConfigError("weight-cap", self.weight_cap, "use a multiple >= 0 (0: no cap)")
+        if self.weight_cap > 0 and (self.server_steps or self.dp_rounds_epsilon > 0):
+            raise ConfigError("weight-cap", self.weight_cap, "use 0: the rounds' mean is not "
+                              "weighted by counts here (server-optimizer \"lbfgs\" sums every "
+                              "gradient; DP rounds average unweighted)")
         if self.robust_aggregation != "none" and self.server_steps:
             raise ConfigError("robust-aggregation", self.robust_aggregation, 'server-optimizer='
                               '"lbfgs" needs the exact sum of every gradient; use "none"')
@@ -683,6 +724,7 @@ class RunConfig:
             if getattr(self, key.replace("-", "_")) < 0:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), "use an ε > 0, or 0 "
                                   "for no differential privacy")
+        _one_of("dp-uncovered", self.dp_uncovered, DP_UNCOVERED)
         _positive("dp-clip", self.dp_clip)
         _positive("dp-feature-clip", self.dp_feature_clip)
         if not 0 < self.dp_delta < 1:
@@ -710,6 +752,34 @@ class RunConfig:
                     raise ConfigError(key, value, f'with dp-rounds-epsilon use "{allowed}": DP '
                                       "rounds average clipped updates, with noise, and nothing "
                                       "else reads them")
+        self._check_dp_releases()
+
+    def _check_dp_releases(self) -> None:
+        """Each ε protects a release the run makes, and (unless `dp-uncovered = "allow"`)
+        nothing else leaves the clients without noise: the key that makes each release."""
+        releases = self.data_releases
+        for key, release in (("dp-statistics-epsilon", "statistics"),
+                             ("dp-rounds-epsilon", "rounds")):
+            if getattr(self, key.replace("-", "_")) > 0 and release not in releases:
+                raise ConfigError(key, getattr(self, key.replace("-", "_")), f"this run sends no "
+                                  f"{release} to protect (head-init, num-server-rounds); use 0")
+        if self.dp_uncovered == "allow":
+            return
+        covered = {"statistics": self.dp_statistics_epsilon > 0,
+                   "rounds": self.dp_rounds_epsilon > 0}
+        makers = {"statistics": ("head-init", self.head_init, 'a start that reads none ("zeros", '
+                                 '"random"), or dp-statistics-epsilon too'),
+                  "rounds": ("num-server-rounds", self.num_server_rounds,
+                             "0, or dp-rounds-epsilon too"),
+                  "validation": ("validation-rows", self.validation_rows, '"server"'),
+                  "evaluation": ("fraction-evaluate", self.fraction_evaluate, "0"),
+                  "personalization": ("personalize", self.personalize, '""')}
+        for release in releases:
+            if not covered.get(release, False):
+                key, value, allowed = makers[release]
+                raise ConfigError(key, value, f"a private run sends its {release} without noise "
+                                  f"here; use {allowed}, or dp-uncovered=\"allow\" (summary.json "
+                                  "then says ε = inf where it breaks the guarantee)")
 
     def _check_finetune(self) -> None:
         """The encoder path's method and its limits: no closed-form start (no cached

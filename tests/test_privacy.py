@@ -1,6 +1,7 @@
 """Differential privacy (`federation.privacy`): the accountant's ε against the Gaussian
 mechanism's RDP worked by hand, the noise calibrated to an ε, the clipped noisy mean of a round,
-the noisy statistics, the keys a private run refuses, and a DP run reproduced from its seed."""
+the noisy statistics at their replace-one sensitivities, the keys a private run refuses, one
+accountant per run, and noise that two runs of the same seed do not share."""
 
 import math
 
@@ -11,11 +12,12 @@ import torch
 from ovalp_flwr.config import ConfigError, RunConfig
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.federation.local_grid import run_local
-from ovalp_flwr.federation.privacy import (PrivateRounds, clip_rows, epsilon_spent, gram_shift,
-                                           noise_multiplier_for, privacy_report,
-                                           private_statistics)
+from ovalp_flwr.federation.privacy import (INFINITE, PrivateRounds, clip_rows, composed_epsilon,
+                                           epsilon_spent, gram_shift, noise_multiplier_for,
+                                           privacy_report, private_statistics)
 from ovalp_flwr.federation.replies import TrainReply
 from ovalp_flwr.federation.results import read_summary
+from safetensors.numpy import load_file
 
 
 def rdp_by_hand(sigma: float, releases: int, delta: float) -> float:
@@ -48,34 +50,36 @@ def reply(node: int, weight: list[float], examples: int = 10) -> TrainReply:
 def test_a_private_round_is_the_clipped_unweighted_mean_over_the_clients_sampled():
     sent = {"weight": np.zeros(2, np.float32)}
     replies = [reply(1, [3.0, 4.0], 1000), reply(2, [0.3, 0.4], 1)]  # norms 5 and 0.5
-    heads, admitted = PrivateRounds(1e-9, 1.0, seed=0)(replies, sent, server_round=1, sampled=4)
+    heads, admitted = PrivateRounds(1e-9, 1.0)(replies, sent, server_round=1, sampled=4)
     # clipped to norm 1: (0.6, 0.8) and (0.3, 0.4); over the 4 sampled, unweighted
     assert np.allclose(heads["weight"], [0.9 / 4, 1.2 / 4], atol=1e-6) and admitted == []
 
 
-def test_a_private_rounds_noise_has_the_std_flower_computes_and_comes_from_the_seed():
+def test_a_private_rounds_noise_has_flowers_std_at_twice_the_clip_and_is_never_drawn_twice():
     sent = {"weight": np.zeros(100_000, np.float32)}
     replies = [reply(1, [0.0] * 100_000)]
-    rounds = PrivateRounds(2.0, 0.5, seed=3)
+    rounds = PrivateRounds(2.0, 0.5)
     noise = rounds(replies, sent, server_round=1, sampled=10)[0]["weight"]
-    assert noise.std() == pytest.approx(2.0 * 0.5 / 10, rel=0.02)
-    assert np.array_equal(noise, rounds(replies, sent, server_round=1, sampled=10)[0]["weight"])
-    assert not np.array_equal(noise, rounds(replies, sent, server_round=2, sampled=10)[0]["weight"])
+    # replacing one client's data moves its clipped update by up to 2·clip
+    assert noise.std() == pytest.approx(2.0 * 2 * 0.5 / 10, rel=0.02)
+    again = rounds(replies, sent, server_round=1, sampled=10)[0]["weight"]
+    assert np.abs(noise - again).min() > 0  # the same round, the same call: fresh noise
 
 
-def test_the_statistics_noise_is_scaled_per_block_by_what_one_example_changes():
-    d, k = 300, 4
-    stats = ClassStatistics(np.full(k, 50.0), np.zeros((k, d)), np.full(k, 10.0),
+def test_the_statistics_noise_is_scaled_per_block_by_what_replacing_one_example_changes():
+    d, k, clip = 300, 4, 2.0
+    stats = ClassStatistics(np.full(k, 1e6), np.zeros((k, d)), np.full(k, 10.0),
                             np.zeros((d, d)))
-    noisy = private_statistics(stats, 1.5, clip=2.0, seed=0)
+    noisy = private_statistics(stats, 1.5, clip=clip)
     scale = 1.5 * math.sqrt(4)  # four blocks, each of sensitivity 1 once scaled
-    assert noisy.sums.std() == pytest.approx(scale * 2.0, rel=0.05)
-    noise = noisy.gram - gram_shift(scale * 4.0, d) * np.eye(d)
-    assert noise[np.triu_indices(d, 1)].std() == pytest.approx(scale * 4.0, rel=0.05)
+    assert noisy.sums.std() == pytest.approx(scale * 2 * clip, rel=0.05)  # x -> x': 2C
+    gram_std = scale * math.sqrt(2) * clip ** 2  # ‖xxᵀ - x'x'ᵀ‖_F ≤ √2·C²
+    noise = noisy.gram - gram_shift(gram_std, d) * np.eye(d)
+    assert noise[np.triu_indices(d, 1)].std() == pytest.approx(gram_std, rel=0.05)
     assert np.linalg.eigvalsh(noisy.gram).min() > 0  # the shift keeps it positive definite
     assert np.allclose(noisy.gram, noisy.gram.T)
-    again = private_statistics(stats, 1.5, clip=2.0, seed=0)
-    assert np.array_equal(noisy.sums, again.sums) and np.array_equal(noisy.gram, again.gram)
+    again = private_statistics(stats, 1.5, clip=clip)
+    assert np.abs(noisy.sums - again.sums).min() > 0 and not np.array_equal(noisy.gram, again.gram)
 
 
 def test_each_feature_vector_is_clipped_to_the_bound():
@@ -83,40 +87,69 @@ def test_each_feature_vector_is_clipped_to_the_bound():
     assert torch.allclose(clip_rows(rows, 1.0), torch.tensor([[0.6, 0.8], [0.3, 0.4]]))
 
 
+PRIVATE = {"feature-norm": "l2", "drift-correction": "none"}
+
+
 @pytest.mark.parametrize("overrides,key", [
     ({"dp-rounds-epsilon": 1.0}, "feature-norm"),
     ({"dp-rounds-epsilon": 1.0, "feature-norm": "l2"}, "drift-correction"),
-    ({"dp-rounds-epsilon": 1.0, "feature-norm": "l2", "drift-correction": "none",
-      "robust-aggregation": "median"}, "robust-aggregation"),
+    ({"dp-rounds-epsilon": 1.0, **PRIVATE, "robust-aggregation": "median"}, "robust-aggregation"),
     ({"dp-statistics-epsilon": -1.0}, "dp-statistics-epsilon"),
     ({"dp-delta": 1.0}, "dp-delta"),
     ({"dp-clip": 0.0}, "dp-clip"),
+    # what leaves the clients without noise beside a private release
+    ({"dp-rounds-epsilon": 1.0, **PRIVATE}, "head-init"),  # a start from exact statistics
+    ({"dp-statistics-epsilon": 1.0, **PRIVATE}, "num-server-rounds"),  # rounds without noise
+    ({"dp-statistics-epsilon": 1.0, **PRIVATE, "num-server-rounds": 0, "fraction-evaluate": 0.5},
+     "fraction-evaluate"),
+    ({"dp-rounds-epsilon": 1.0, **PRIVATE, "head-init": "zeros", "personalize": "ft"},
+     "personalize"),
+    ({"dp-rounds-epsilon": 1.0, **PRIVATE, "head-init": "zeros", "dp-uncovered": "maybe"},
+     "dp-uncovered"),
+    ({"dp-rounds-epsilon": 1.0, **PRIVATE, "head-init": "zeros", "weight-cap": 2.0}, "weight-cap"),
+    # an ε with nothing to protect
+    ({"dp-statistics-epsilon": 1.0, **PRIVATE, "head-init": "zeros"}, "dp-statistics-epsilon"),
+    ({"dp-rounds-epsilon": 1.0, **PRIVATE, "num-server-rounds": 0}, "dp-rounds-epsilon"),
 ])
 def test_a_private_run_refuses_what_its_noise_does_not_cover(overrides, key):
     with pytest.raises(ConfigError, match=key):
         RunConfig.from_mapping(overrides)
 
 
-def test_the_report_gives_the_epsilon_spent_per_mechanism():
+def test_one_accountant_composes_the_run_and_a_level_not_covered_is_infinite():
     config = RunConfig.from_mapping({"dp-statistics-epsilon": 2.0, "dp-rounds-epsilon": 4.0,
-                                     "feature-norm": "l2", "drift-correction": "none",
-                                     "num-server-rounds": 10})
+                                     **PRIVATE, "num-server-rounds": 10})
     report = privacy_report(config)
     assert report["statistics"]["epsilon"] == pytest.approx(2.0, rel=1e-3)
     assert report["rounds"]["epsilon"] == pytest.approx(4.0, rel=1e-3)
     assert report["rounds"]["releases"] == 10 and report["rounds"]["delta"] == 1e-5
+    run = report["run"]
+    composed = composed_epsilon([(report["statistics"]["noise_multiplier"], 1),
+                                 (report["rounds"]["noise_multiplier"], 10)], 1e-5)
+    assert run["example_epsilon"] == pytest.approx(composed) and 4.0 < composed < 6.0
+    assert run["client_epsilon"] == INFINITE  # the statistics' noise covers one example only
+    assert run["uncovered"] == []
+    rounds_only = privacy_report(RunConfig.from_mapping({"dp-rounds-epsilon": 4.0, **PRIVATE,
+                                                         "head-init": "zeros"}))
+    assert rounds_only["run"]["client_epsilon"] == pytest.approx(4.0, rel=1e-3)
+    assert rounds_only["run"]["example_epsilon"] == rounds_only["run"]["client_epsilon"]
+    mixed = privacy_report(RunConfig.from_mapping({"dp-statistics-epsilon": 2.0, **PRIVATE,
+                                                   "dp-uncovered": "allow"}))
+    assert mixed["run"]["uncovered"] == ["rounds"]
+    assert mixed["run"]["example_epsilon"] == mixed["run"]["client_epsilon"] == INFINITE
+    assert float(INFINITE) == math.inf
 
 
-def test_a_dp_run_is_reproducible_from_its_seed(cache_dir, tmp_path):
+def test_two_dp_runs_of_the_same_seed_draw_different_noise(cache_dir, tmp_path):
     options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir), "partition": "iid",
-               "results-dir": str(tmp_path), "num-server-rounds": 3, "feature-norm": "l2",
-               "drift-correction": "none", "dp-statistics-epsilon": 2.0,
-               "dp-rounds-epsilon": 2.0, "dp-clip": 0.5}
-    first = read_summary(run_local({**options, "run-name": "a"}, 10))
-    second = read_summary(run_local({**options, "run-name": "b"}, 10))
-    private = read_summary(run_local({**options, "run-name": "c", "dp-statistics-epsilon": 0.5,
-                                      "dp-rounds-epsilon": 0.0}, 10))
-    accuracies = [r["accuracy"] for r in first["rounds"]]
-    assert accuracies == [r["accuracy"] for r in second["rounds"]]
-    assert first["initial_accuracy"] != private["initial_accuracy"]  # the noise is there
-    assert first["privacy"]["rounds"]["epsilon"] == pytest.approx(2.0, rel=1e-3)
+               "results-dir": str(tmp_path), "num-server-rounds": 3, **PRIVATE,
+               "dp-statistics-epsilon": 2.0, "dp-rounds-epsilon": 2.0, "dp-clip": 0.5}
+    first, second = (run_local({**options, "run-name": name}, 10) for name in ("a", "b"))
+    heads = [load_file(str(run / "checkpoint.safetensors")) for run in (first, second)]
+    assert heads[0].keys() == heads[1].keys()
+    assert all(not np.array_equal(heads[0][key], heads[1][key]) for key in heads[0])
+    summary = read_summary(first)
+    assert summary["privacy"]["rounds"]["epsilon"] == pytest.approx(2.0, rel=1e-3)
+    assert summary["privacy"]["run"]["client_epsilon"] == INFINITE
+    assert all(r["train_loss"] is None for r in summary["rounds"])  # no client's loss released
+    assert "seed" not in " ".join(summary["privacy"]["noise"].split())

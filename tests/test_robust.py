@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from ovalp_flwr.federation.replies import TrainReply, weighted_mean
-from ovalp_flwr.federation.robust import RobustAggregation, clipped, krum_kept, norm
+from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.federation.robust import RefusedRound, RobustAggregation, clipped, krum_kept, norm
 
 GLOBAL = {"weight": np.zeros((2, 3), np.float32), "bias": np.zeros(2, np.float32)}
 
@@ -69,3 +70,26 @@ def test_one_hostile_client_moves_the_robust_model_little_and_the_mean_far(kind)
 def test_an_unknown_rule_is_refused():
     with pytest.raises(ValueError, match="robust-aggregation='mode' is not allowed"):
         RobustAggregation("mode")(honest_and_one_hostile(), GLOBAL)
+
+
+@pytest.mark.parametrize("kind,fraction,clients,message", [
+    ("trimmed-mean", 0.1, 9, r"cuts int\(0.1 x 9\) = 0 of the 9 clients .* >= 0.111"),
+    ("multi-krum", 0.2, 6, r"f = 2 hostile of the 6 clients, and Krum needs n > 2f \+ 2 = 6"),
+    ("multi-krum", 0.1, 4, r"f = 1 hostile of the 4 clients"),
+])
+def test_a_round_the_rule_cannot_defend_is_refused_in_one_line(kind, fraction, clients, message):
+    replies = honest_and_one_hostile()[-clients:]
+    with pytest.raises(RefusedRound, match=message) as refused:
+        RobustAggregation(kind, fraction)(replies, GLOBAL, server_round=3)
+    assert str(refused.value).startswith("round 3: ") and "\n" not in str(refused.value)
+
+
+def test_the_smallest_rounds_each_rule_still_defends_are_aggregated():
+    RobustAggregation("trimmed-mean", 0.1)(honest_and_one_hostile(), GLOBAL)  # 10: cuts 1
+    RobustAggregation("multi-krum", 0.1)(honest_and_one_hostile()[-5:], GLOBAL)  # 5 > 2·1 + 2
+
+
+@pytest.mark.parametrize("kind", ["trimmed-mean", "multi-krum"])
+def test_a_rule_that_would_assume_no_attacker_is_refused(kind):
+    with pytest.raises(ConfigError, match="robust-fraction"):
+        RunConfig.from_mapping({"robust-aggregation": kind, "robust-fraction": 0.0})

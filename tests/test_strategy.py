@@ -8,7 +8,7 @@ from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.ops.console import MARK
 from ovalp_flwr.federation.local_grid import InProcessGrid
-from ovalp_flwr.federation.rounds import make_strategy
+from ovalp_flwr.federation.rounds import make_strategy, weight_cap
 from ovalp_flwr.federation.scaffold import ControlVariates
 from ovalp_flwr.federation.strategy import StagedFedAdam, StagedFedAvg
 
@@ -115,6 +115,21 @@ def test_uniform_weights_count_every_client_with_data_once():
     arrays, _ = strategy.aggregate_train(1, replies)
     assert np.allclose(arrays["weight"].numpy(), (1.0 + 4.0) / 2)
     assert np.isclose(strategy.rounds[1]["train_loss"], (1 * 1 + 4 * 3) / 4)  # still per sample
+
+
+def test_a_stated_count_buys_at_most_the_cap_in_the_mean():
+    strategy, sent = requests(3, strategy_for(RunConfig(), max_weight=2.0))
+    replies = [reply(sent[0], 1.0, 1), reply(sent[1], 4.0, 30), reply(sent[2], 100.0, 0)]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert np.allclose(arrays["weight"].numpy(), (1.0 * 1 + 4.0 * 2) / 3)  # 30 counts as 2
+
+
+def test_the_cap_is_a_multiple_of_the_median_count_described_by_nodes_with_data():
+    sizes = {1: 100, 2: 100, 3: 1000, 4: 0, 5: 80}  # a forger's 1000 and an empty node
+    assert weight_cap(2.0, sizes) == 200.0
+    assert weight_cap(0.0, sizes) is None and weight_cap(2.0, {1: 0}) is None
+    assert make_strategy(RunConfig(weight_cap=2.0), sizes=sizes).max_weight == 200.0
+    assert make_strategy(RunConfig(), sizes=sizes).max_weight is None
 
 
 def test_scaffold_sends_no_correction_until_clients_have_reported():

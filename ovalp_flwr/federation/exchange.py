@@ -11,11 +11,8 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.errors import FederationError
 from ovalp_flwr.federation.strategy import message_bytes
-
-
-class FederationError(RuntimeError):
-    """The clients cannot run this configuration (a set-up exchange failed)."""
 
 
 def wait_for_nodes(grid: Grid, timeout: float = 120.0, settle: float = 1.0) -> list[int]:

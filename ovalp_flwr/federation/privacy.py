@@ -1,19 +1,32 @@
 """Differential privacy for what clients send: the statistics of the closed-form start and the
-heads' rounds, each a Gaussian mechanism whose privacy spent Flower's RDP accountant (Google's
-`dp-accounting` underneath) reports as (ε, δ).
+heads' rounds, each a Gaussian mechanism, composed by one RDP accountant per run (Flower's
+`RdpAccountant`, Google's `dp-accounting` underneath) into the (ε, δ) the run spends.
+
+The trust model is central DP: the server is trusted with what clients send (their statistics,
+their updates, their sample counts); what is protected is everything the run *releases* (the
+model, summary.json, rounds.csv). Who takes part and how many rows each holds are public (the
+server plans with the counts `describe` gives), so neighbouring datasets differ in the *value* of
+one record, not its presence: replace-one, of an example for the statistics and of a client's
+whole data for the rounds. The noise comes from the operating system's entropy, fresh for every
+release: nothing a client or summary.json sees (the run's seed included) can regenerate it.
 
 - **Statistics** (`dp-statistics-epsilon`, example-level): each client clips every feature
   vector to norm `dp-feature-clip` (C) before it sums; the server adds Gaussian noise to the
-  summed counts, class sums, square norms and Gram matrix, each block scaled by what one example
-  can change it by (1, C, C², C²). One release.
-- **Rounds** (`dp-rounds-epsilon`, client-level, as Flower's
-  `DifferentialPrivacyServerSideFixedClipping`): each client's update is clipped to `dp-clip`
-  with Flower's `compute_clip_model_update`, the clipped updates are averaged unweighted over the
-  clients sampled, and Gaussian noise of std σ·clip/sampled (Flower's `compute_stdv`) is added.
-  One release per round, accounted without amplification by sampling (valid for any sampling).
+  summed counts, class sums, square norms and Gram matrix, each block scaled by what replacing
+  one example can change it by (√2, 2C, √2·C², √2·C²). One release.
+- **Rounds** (`dp-rounds-epsilon`, client-level, Flower's
+  `DifferentialPrivacyServerSideFixedClipping` under replace-one): each client's update is
+  clipped to `dp-clip` with Flower's `compute_clip_model_update`, the clipped updates are
+  averaged unweighted over the clients sampled, and Gaussian noise of std σ·2·clip/sampled
+  (Flower's `compute_stdv` at the replace-one sensitivity 2·clip) is added. One release per
+  round, accounted without amplification by sampling (valid for any sampling).
 
-The noise multiplier σ is calibrated so that the whole run spends exactly the ε asked for at
-`dp-delta`. The noise is drawn from the run's seed: a DP run is reproducible.
+Each mechanism's noise multiplier σ is calibrated so that it alone spends the ε asked for at
+`dp-delta`; the run's accountant composes them. A client-level guarantee covers any one example
+too, so the example-level ε composes every release; the client-level ε only the rounds (the
+statistics' noise covers one example, not a client's data). A release of client data without
+noise (a start from exact statistics, rounds without noise, personalized models sent back) makes
+that level's ε infinite: refused unless `dp-uncovered = "allow"`.
 """
 
 from __future__ import annotations
@@ -34,15 +47,33 @@ from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.federation.replies import TrainReply
 
 Arrays = dict[str, np.ndarray]
-NOISE_STREAM = 104729  # the seed's stream for DP noise, apart from every other draw
-STATISTICS_RELEASE = -1  # the noise stream's index for the statistics (rounds count from 1)
+INFINITE = "inf"  # summary.json's ε for a level some release is not covered at (JSON has no ∞)
+NEIGHBOURS = ("replace-one: datasets differ in one example's values (statistics) or one "
+              "client's data (rounds); who takes part and each client's row count are public")
+NOISE_SOURCE = "the operating system's entropy, fresh for every release"
+TRUST = ("central: the server sees the clients' exact statistics and clipped updates and adds "
+         "the noise; the guarantee covers what the run releases")
+
+
+def _accountant(delta: float) -> RdpAccountant:
+    """An RDP accountant for unsampled Gaussian releases. Flower's wrapper pairs "no
+    amplification" with add-or-remove-one only; for an unsampled Gaussian the RDP curve is the
+    same under either relation once σ is taken against that relation's sensitivity, which is
+    what every σ here is (std / replace-one sensitivity)."""
+    return RdpAccountant(PrivacyConfig(delta, 1, NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                       SamplingMethod.NO_AMPLIFICATION))
 
 
 def epsilon_spent(noise_multiplier: float, releases: int, delta: float) -> float:
     """ε after `releases` Gaussian releases of noise multiplier σ (std / sensitivity), at δ."""
-    accountant = RdpAccountant(PrivacyConfig(delta, 1, NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                             SamplingMethod.NO_AMPLIFICATION))
-    accountant.compose(GaussianPrivacyEvent(noise_multiplier, 1, 1), releases)
+    return composed_epsilon([(noise_multiplier, releases)], delta)
+
+
+def composed_epsilon(events: Sequence[tuple[float, int]], delta: float) -> float:
+    """ε at δ of every (σ, releases) in `events` composed by one accountant."""
+    accountant = _accountant(delta)
+    for noise_multiplier, releases in events:
+        accountant.compose(GaussianPrivacyEvent(noise_multiplier, 1, 1), releases)
     return accountant.get_privacy_spent().epsilon
 
 
@@ -60,8 +91,10 @@ def noise_multiplier_for(epsilon: float, releases: int, delta: float) -> float:
     return high
 
 
-def _noise(seed: int, release: int) -> np.random.Generator:
-    return np.random.default_rng([seed, NOISE_STREAM, release + 1])
+def _noise() -> np.random.Generator:
+    """A generator seeded from the OS's entropy: no seed of the run's, so no one regenerates
+    (and subtracts) the noise."""
+    return np.random.default_rng()
 
 
 def clip_rows(features: torch.Tensor, bound: float) -> torch.Tensor:
@@ -75,19 +108,27 @@ def gram_shift(std: float, size: int) -> float:
     return 2.0 * std * math.sqrt(size)
 
 
-def private_statistics(stats: ClassStatistics, noise_multiplier: float, clip: float,
-                       seed: int) -> ClassStatistics:
+def statistics_sensitivities(clip: float) -> tuple[float, float, float, float]:
+    """What replacing one example (norm ≤ C) can change each block by, in L2: the counts (one
+    class down, one up: √2), the class sums (x → x': 2C), the square norms (√2·C²) and the Gram
+    matrix (‖xxᵀ − x'x'ᵀ‖_F ≤ √2·C²)."""
+    return math.sqrt(2.0), 2.0 * clip, math.sqrt(2.0) * clip ** 2, math.sqrt(2.0) * clip ** 2
+
+
+def private_statistics(stats: ClassStatistics, noise_multiplier: float,
+                       clip: float) -> ClassStatistics:
     """The summed statistics with the Gaussian mechanism's noise: the blocks scaled by their
-    sensitivities (1, C, C², C²) form one vector whose L2 sensitivity is √blocks."""
-    rng = _noise(seed, STATISTICS_RELEASE)
+    sensitivities form one vector whose L2 sensitivity is √blocks."""
+    rng = _noise()
     blocks = 4 if stats.gram is not None else 3
     scale = noise_multiplier * math.sqrt(blocks)
-    counts = stats.counts + rng.normal(0.0, scale, stats.counts.shape)
-    sums = stats.sums + rng.normal(0.0, scale * clip, stats.sums.shape)
-    square_norms = stats.square_norms + rng.normal(0.0, scale * clip ** 2, stats.counts.shape)
+    counts_s, sums_s, norms_s, gram_s = statistics_sensitivities(clip)
+    counts = stats.counts + rng.normal(0.0, scale * counts_s, stats.counts.shape)
+    sums = stats.sums + rng.normal(0.0, scale * sums_s, stats.sums.shape)
+    square_norms = stats.square_norms + rng.normal(0.0, scale * norms_s, stats.counts.shape)
     gram = None
     if stats.gram is not None:
-        d, std = len(stats.gram), scale * clip ** 2
+        d, std = len(stats.gram), scale * gram_s
         upper = np.zeros((d, d))
         upper[np.triu_indices(d)] = rng.normal(0.0, std, d * (d + 1) // 2)
         # post-processing: symmetric noise of this std has eigenvalues down to about -2·std·√D
@@ -106,7 +147,7 @@ class PrivateRounds:
 
     noise_multiplier: float
     clip: float
-    seed: int
+    private = True  # the strategy records no client metric (their train loss) beside the round
 
     def __call__(self, replies: Sequence[TrainReply], global_arrays: Arrays,
                  server_round: int = 0, sampled: int = 0) -> tuple[Arrays, list[TrainReply]]:
@@ -120,8 +161,9 @@ class PrivateRounds:
                 compute_clip_model_update(update, base, self.clip)  # update := base + clipped delta
             for index, key in enumerate(keys):
                 total[index] += update[index] - base[index]
-        std = compute_stdv(self.noise_multiplier, self.clip, denominator)
-        rng = _noise(self.seed, server_round)
+        # replacing one client's data moves its clipped update by up to 2·clip
+        std = compute_stdv(self.noise_multiplier, 2.0 * self.clip, denominator)
+        rng = _noise()
         heads = {key: (global_arrays[key] + summed / denominator
                        + rng.normal(0.0, std, summed.shape)).astype(global_arrays[key].dtype)
                  for key, summed in zip(keys, total)}
@@ -143,22 +185,42 @@ def private_rounds(config: RunConfig) -> PrivateRounds | None:
     """The run's DP aggregation of the rounds, or None when they are not private."""
     if config.dp_rounds_epsilon <= 0:
         return None
-    return PrivateRounds(rounds_noise(config), config.dp_clip, config.seed)
+    return PrivateRounds(rounds_noise(config), config.dp_clip)
+
+
+def _epsilon(value: float, covered: bool) -> float | str:
+    return value if covered else INFINITE
 
 
 def privacy_report(config: RunConfig) -> dict:
-    """What `summary.json` says of the privacy spent: per mechanism, (ε, δ) as the accountant
-    computes it for the noise used, with σ, the clipping norm and the number of releases."""
-    report = {}
-    if config.dp_statistics_epsilon > 0:
+    """What `summary.json` says of the privacy spent: per mechanism, its σ, clip, releases and
+    the ε it alone spends; for the run, one accountant's ε at each level (example, client),
+    "inf" where a release is not covered, and the releases that are not."""
+    mechanisms: dict[str, dict] = {}
+    events: list[tuple[float, int]] = []
+    releases = config.data_releases
+    if "statistics" in releases and config.dp_statistics_epsilon > 0:
         sigma = statistics_noise(config)
-        report["statistics"] = {"level": "example", "epsilon": epsilon_spent(sigma, 1, config.dp_delta),
-                                "delta": config.dp_delta, "noise_multiplier": sigma,
-                                "clip": config.dp_feature_clip, "releases": 1}
-    if config.dp_rounds_epsilon > 0:
-        releases = max(config.num_server_rounds, 1)
-        sigma = rounds_noise(config)
-        report["rounds"] = {"level": "client", "epsilon": epsilon_spent(sigma, releases, config.dp_delta),
-                            "delta": config.dp_delta, "noise_multiplier": sigma,
-                            "clip": config.dp_clip, "releases": releases}
-    return report
+        events.append((sigma, 1))
+        mechanisms["statistics"] = {"level": "example", "noise_multiplier": sigma,
+                                    "clip": config.dp_feature_clip, "releases": 1}
+    if "rounds" in releases and config.dp_rounds_epsilon > 0:
+        sigma, count = rounds_noise(config), max(config.num_server_rounds, 1)
+        events.append((sigma, count))
+        mechanisms["rounds"] = {"level": "client", "noise_multiplier": sigma,
+                                "clip": config.dp_clip, "releases": count}
+    for mechanism in mechanisms.values():
+        mechanism["epsilon"] = epsilon_spent(mechanism["noise_multiplier"], mechanism["releases"],
+                                             config.dp_delta)
+        mechanism["delta"] = config.dp_delta
+    uncovered = [name for name in releases if name not in mechanisms]
+    client_events = [(m["noise_multiplier"], m["releases"]) for m in mechanisms.values()
+                     if m["level"] == "client"]
+    example = composed_epsilon(events, config.dp_delta) if events else 0.0
+    client = composed_epsilon(client_events, config.dp_delta) if client_events else 0.0
+    return {**mechanisms,
+            "run": {"example_epsilon": _epsilon(example, not uncovered),
+                    "client_epsilon": _epsilon(client, not uncovered and "statistics" not in mechanisms),
+                    "delta": config.dp_delta, "uncovered": uncovered,
+                    "amplification_by_sampling": False},
+            "neighbouring": NEIGHBOURS, "noise": NOISE_SOURCE, "trust": TRUST}

@@ -7,10 +7,12 @@ that, from the replies of one round (`robust-aggregation`):
 - `median`: the coordinate-wise median of the clients' models (Flower's `aggregate_median`;
   unweighted, as Flower's `FedMedian`);
 - `trimmed-mean`: per coordinate, the mean after cutting `robust-fraction` of the clients at
-  each end (Flower's `aggregate_trimmed_avg`, as `FedTrimmedAvg`);
+  each end (Flower's `aggregate_trimmed_avg`, as `FedTrimmedAvg`); a round where that cuts
+  int(fraction · n) = 0 clients (the plain mean) is refused, and the run ends saying why;
 - `multi-krum`: the sample-weighted mean of the n - f clients whose models are closest to
   their n - f - 2 nearest neighbours, f = ⌈robust-fraction · n⌉ (Blanchard et al. 2017; the
-  score Flower's `MultiKrum` uses);
+  score Flower's `MultiKrum` uses); a round with n ≤ 2f + 2, where Krum's guarantee does not
+  hold, is refused the same way;
 - `norm-clip`: each client's update (its model minus the global one) clipped to the round's
   median update norm, then FedAvg's weighted mean: a client moves the model no further than a
   typical one (no fixed bound to tune).
@@ -32,6 +34,7 @@ import numpy as np
 from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
 
 from ovalp_flwr.config import ROBUST_AGGREGATIONS
+from ovalp_flwr.federation.errors import FederationError
 from ovalp_flwr.federation.replies import TrainReply, weighted_mean
 
 Arrays = dict[str, np.ndarray]
@@ -64,11 +67,29 @@ def clipped(replies: Sequence[TrainReply], global_arrays: Arrays) -> list[TrainR
     return out
 
 
+class RefusedRound(FederationError):
+    """A round the rule cannot defend with the clients it has: it would not do what it says."""
+
+
+def check_defended(kind: str, fraction: float, n: int, server_round: int) -> None:
+    """Refuse a round where the trimmed mean would trim no one, or Multi-Krum's n ≤ 2f + 2."""
+    if kind == "trimmed-mean" and int(fraction * n) == 0:
+        raise RefusedRound(f"round {server_round}: trimmed-mean with robust-fraction={fraction} "
+                           f"cuts int({fraction} x {n}) = 0 of the {n} clients at each end, the "
+                           f"plain mean; use robust-fraction >= {1 / n:.3g} or more clients a round")
+    if kind == "multi-krum" and n <= 2 * math.ceil(fraction * n) + 2:
+        f = math.ceil(fraction * n)
+        raise RefusedRound(f"round {server_round}: multi-krum with robust-fraction={fraction} "
+                           f"assumes f = {f} hostile of the {n} clients, and Krum needs "
+                           f"n > 2f + 2 = {2 * f + 2}; use a smaller robust-fraction or more "
+                           "clients a round")
+
+
 def krum_kept(replies: Sequence[TrainReply], fraction: float) -> list[TrainReply]:
     """The n - f replies with the lowest Krum scores (the summed squared distances to their
-    n - f - 2 nearest neighbours), in their original order."""
+    n - f - 2 nearest neighbours), in their original order (n > 2f + 2: `check_defended`)."""
     n = len(replies)
-    f = min(math.ceil(fraction * n), max(n - 1, 0))
+    f = math.ceil(fraction * n)
     flat = np.stack([np.concatenate([reply.arrays[key].astype(np.float64).ravel()
                                      for key in sorted(reply.arrays)]) for reply in replies])
     squared = np.sum(flat ** 2, axis=1)
@@ -98,6 +119,7 @@ class RobustAggregation:
         """The round's robust combination of the replies' models, and the replies the control
         variates may learn from (`admitted`). The round and the clients sampled are
         `privacy.PrivateRounds`'s, which is called here too."""
+        check_defended(self.kind, self.fraction, len(replies), server_round)
         admitted = clipped(replies, global_arrays)
         if self.kind == "median":
             combined = _flower(aggregate_median, replies)

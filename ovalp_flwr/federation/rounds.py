@@ -71,6 +71,16 @@ def train_reply_check(config: RunConfig, clients: dict[int, dict], steps: int) -
     return check
 
 
+def weight_cap(multiple: float, sizes: dict[int, int] | None) -> float | None:
+    """The most weight one reply may have: `multiple` x the median count the nodes holding data
+    described (`weight-cap`); None without a cap. The median, which a minority of forged
+    counts cannot move far, bounds what a stated count buys (stats-count: ten times its rows)."""
+    held = [size for size in (sizes or {}).values() if size > 0]
+    if multiple <= 0 or not held:
+        return None
+    return multiple * float(np.median(held))
+
+
 def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | None = None,
                   statistics: ClassStatistics | None = None, sizes: dict[int, int] | None = None,
                   **wiring) -> Staged:
@@ -85,6 +95,7 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         fraction_evaluate=config.fraction_evaluate,
         federated_validation=config.validation_rows == "clients",
         aggregation_weights=config.aggregation_weights,
+        max_weight=weight_cap(config.weight_cap, sizes),
         exclude_after=config.exclude_after_rejections,
         robust=(RobustAggregation(config.robust_aggregation, config.robust_fraction)
                 if config.robust_aggregation != "none" else private_rounds(config)),

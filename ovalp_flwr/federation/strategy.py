@@ -21,6 +21,7 @@ is recorded with its reason and left out, as if it never came.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
@@ -90,6 +91,7 @@ class Staged:
         left_out: Iterable[int] = (),
         robust: RobustAggregation | None = None,
         federated_validation: bool = False,
+        max_weight: float | None = None,
         **strategy_options,
     ) -> None:
         """admit(grid, new_node_ids) -> node ids in sampling order: how nodes that connect
@@ -103,6 +105,8 @@ class Staged:
         the replies in place of their mean (`robust`), None for FedAvg's mean.
         federated_validation: the clients keep the validation rows; every round (and the start)
         the server asks every node to score the heads it holds on them, and keeps the sums.
+        max_weight: the most weight a reply can have in the mean, whatever count it states
+        (`weight-cap`); None: no cap.
         strategy_options go to the Flower strategy (e.g. FedAdam's eta)."""
         if aggregation_weights not in ("samples", "uniform"):
             raise ValueError(f"aggregation-weights={aggregation_weights!r} is not allowed; "
@@ -124,6 +128,7 @@ class Staged:
         self.aggregation_weights = aggregation_weights
         self.variates = control_variates
         self.robust = robust
+        self.max_weight = max_weight
         self.check_reply = check_reply
         self.exclude_after = exclude_after
         self.rejected: dict[int, int] = {}  # node -> replies refused so far
@@ -364,6 +369,8 @@ class Staged:
             self.variates.update(self._global, admitted, server_round)
         record = self.rounds.setdefault(server_round, {})
         record.update(_reply_costs(ok, trained, len(replies) - len(ok)))
+        if getattr(self.robust, "private", False):
+            record["train_loss"] = None
         record["clients_timed_out"] = record.get("clients_sampled", len(replies)) - len(replies)
         record["clients_rejected"] = len(rejections)
         record["rejections"] = rejections
@@ -393,6 +400,9 @@ class Staged:
         """The new global model from the replies' weighted mean (the server's step), and their
         weighted metrics."""
         metrics = weighted_metrics(trained)
+        if getattr(self.robust, "private", False):  # DP rounds: no client's loss in the clear
+            metrics = MetricRecord({key: value for key, value in metrics.items()
+                                    if key != TRAIN_LOSS})
         return self._server_step(server_round, to_record(mean), metrics), metrics
 
     def _server_step(self, server_round: int, mean: ArrayRecord, metrics: MetricRecord
@@ -420,7 +430,8 @@ class Staged:
             elif reason is None and self.variates is not None:
                 reason = self.variates.check(reply, self._global)
             if reason is None:
-                accepted.append(reply)
+                accepted.append(reply if self.max_weight is None or reply.weight <= self.max_weight
+                                else dataclasses.replace(reply, weight=self.max_weight))
             else:
                 self._refuse(server_round, node, reason, rejections)
         return accepted, rejections

@@ -61,6 +61,7 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
         config, node_order=by_partition(clients),
         extra_train_config={p.LOCAL_STEPS: steps} if steps else {},
         check_reply=train_reply_check(config, clients, steps), left_out=set(nodes) - set(clients),
+        sizes={node: int(c[p.NUM_EXAMPLES]) for node, c in clients.items()},
         strategy_class=_strategy_class(built, initial))
     evaluator = EncoderEvaluator(built, config, _loader(built, strategy))
     evaluator.round_info = lambda server_round: strategy.rounds.get(server_round, {})

@@ -75,7 +75,7 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     setup = set_up(grid, nodes, config, cache, "gram" if config.server_steps else init.statistics)
     if config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
         setup.statistics.total = private_statistics(setup.statistics.total, statistics_noise(config),
-                                                    config.dp_feature_clip, config.seed)
+                                                    config.dp_feature_clip)
     validation = validation_rows(config, cache, setup.norm)
     chosen = {}
     if choosing_lambda:  # before the check (it scores starts at this penalty), and after it
