@@ -1,9 +1,11 @@
-"""The robustness report's tables and plot, from the committed run summaries of four presets.
+"""The robustness report's tables and plot, from the committed run summaries of five presets.
 
 - `conf/robustness.toml`: update attacks x every defence, per setting (10% attackers, seed 0);
 - `conf/robustness-statistics.toml`: forged statistics x (no defence, the recommended one);
 - `conf/robustness-recommended.toml`: the recommended defence on three seeds, and at one
   attacker and at 20%;
+- `conf/robustness-count-cap.toml`: inflated counts (stats-count) against `weight-cap`, and the
+  cap's clean cost under quantity skew;
 - `conf/privacy.toml`: accuracy against ε for the DP start and the DP rounds.
 
 Each cell is a final accuracy (%) with, in brackets, its points against the clean run with no
@@ -58,11 +60,12 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 class Grids:
-    """The four presets' summaries, and the cells the tables read."""
+    """The five presets' summaries, and the cells the tables read."""
 
     def __init__(self) -> None:
         self.presets = {name: load_preset(ROOT / "conf" / f"{name}.toml") for name in
-                        ("robustness", "robustness-statistics", "robustness-recommended", "privacy")}
+                        ("robustness", "robustness-statistics", "robustness-recommended",
+                         "robustness-count-cap", "privacy")}
         self.runs = {name: summaries(preset) for name, preset in self.presets.items()}
 
     def get(self, preset: str, seed: int = 0, **choices: str) -> dict | None:
@@ -163,19 +166,37 @@ def fraction_tables(grids: Grids) -> list[str]:
     return lines
 
 
+def count_cap_tables(grids: Grids) -> list[str]:
+    axes = grids.presets["robustness-count-cap"].axes
+    lines = ["## A cap on what a count buys (10% attackers, seed 0)", "",
+             "`conf/robustness-count-cap.toml`: FedAvg's mean without a cap and with "
+             "`weight-cap`; points against its own clean run without a cap.", ""]
+    for setting in axes["setting"]:
+        clean = final(grids.get("robustness-count-cap", setting=setting, attack="clean",
+                                cap="none"))
+        rows = [[attack] + [cell(final(grids.get("robustness-count-cap", setting=setting,
+                                                 attack=attack, cap=cap)), clean)
+                            for cap in axes["cap"]] for attack in axes["attack"]]
+        lines += [f"### {setting}", ""] + table(["attack", *axes["cap"]], rows)
+    return lines
+
+
 def privacy_rows(grids: Grids) -> tuple[list[str], dict]:
     preset = grids.presets["privacy"]
-    columns = [(setting, kind) for setting in preset.axes["setting"] for kind in ("start", "rounds")]
+    columns = [(setting, kind) for setting in preset.axes["setting"]
+               for kind in ("start", "secagg", "rounds")]
     points: dict = {column: [] for column in columns}
     rows = []
     for eps in EPSILONS:
         row = ["∞ (no noise)" if eps == "none" else eps.removeprefix("eps")]
         for setting, kind in columns:
-            run = grids.get("privacy", setting=setting, privacy=f"{kind}-{eps}")
+            # no noise, under SecAgg+ or not: the same start (to SecAgg+'s quantisation)
+            name = "start-none" if (kind, eps) == ("secagg", "none") else f"{kind}-{eps}"
+            run = grids.get("privacy", setting=setting, privacy=name)
             if run is None:
                 row.append("not run")
                 continue
-            spent = run.get("privacy", {}).get("statistics" if kind == "start" else "rounds")
+            spent = run.get("privacy", {}).get("rounds" if kind == "rounds" else "statistics")
             value = 100.0 * run["final_accuracy"]
             row.append(f"{value:.2f}" + (f" (ε {spent['epsilon']:.3f})" if spent else ""))
             points[(setting, kind)].append((math.inf if eps == "none" else float(eps[3:]), value))
@@ -215,15 +236,18 @@ def main() -> int:
              f"Made by `python benchmarks/robustness_table.py` from `results/` ({counts}). "
              "Final accuracy (%) after 20 rounds, 100 clients; in brackets, points against the "
              "clean run with no defence (same seed).", "", *update_attack_tables(grids),
-             *statistics_tables(grids), *seed_tables(grids),
+             *statistics_tables(grids), *count_cap_tables(grids), *seed_tables(grids),
              *fraction_tables(grids)]
     replace_durably(REPORT / "pivot.md", "\n".join(lines))
     privacy_table, points = privacy_rows(grids)
     privacy = ["# Differential privacy: accuracy against ε", "",
                "Made by `python benchmarks/robustness_table.py` from `results/privacy/` "
                "(`conf/privacy.toml`). Final accuracy (%) with, in brackets, the ε the "
-               "accountant reports for the noise used (δ = 1e-5). Start: the DP statistics' "
-               "start alone (example-level). Rounds: 20 DP rounds from zero heads "
+               "accountant reports for the noise used (δ = 1e-5; neighbouring datasets: "
+               "replace-one; noise from OS entropy, so a rerun gives other figures). Start: "
+               "the DP statistics' start alone (example-level), the noise added by the server "
+               "(central). Secagg: the same, each client adding its share of the noise before "
+               "SecAgg+ masks its statistics (distributed). Rounds: 20 DP rounds from zero heads "
                "(client-level). ∞: the same run without noise.", "", *privacy_table,
                "![accuracy against epsilon](privacy.png)", ""]
     replace_durably(REPORT / "privacy.md", "\n".join(privacy))

@@ -14,7 +14,8 @@ from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.federation.local_grid import run_local
 from ovalp_flwr.federation.privacy import (INFINITE, PrivateRounds, clip_rows, composed_epsilon,
                                            epsilon_spent, gram_shift, noise_multiplier_for,
-                                           privacy_report, private_statistics)
+                                           privacy_report, private_statistics,
+                                           statistics_noise_share)
 from ovalp_flwr.federation.replies import TrainReply
 from ovalp_flwr.federation.results import read_summary
 from safetensors.numpy import load_file
@@ -153,3 +154,41 @@ def test_two_dp_runs_of_the_same_seed_draw_different_noise(cache_dir, tmp_path):
     assert summary["privacy"]["run"]["client_epsilon"] == INFINITE
     assert all(r["train_loss"] is None for r in summary["rounds"])  # no client's loss released
     assert "seed" not in " ".join(summary["privacy"]["noise"].split())
+
+
+def test_shares_of_the_noise_add_up_to_one_release():
+    d, k, clip, shares = 20, 3, 1.0, 16
+    zero = ClassStatistics(np.zeros(k), np.zeros((k, d)), np.zeros(k), np.zeros((d, d)))
+    summed = ClassStatistics.merge([statistics_noise_share(zero, 1.5, clip, shares)
+                                    for _ in range(shares)])
+    central = statistics_noise_share(zero, 1.5, clip)
+    samples = np.concatenate([summed.sums.ravel(), summed.gram[np.triu_indices(d)] * math.sqrt(2)])  # √2·C² -> 2C
+    expected = 1.5 * math.sqrt(4) * 2 * clip  # the sums' std in one release
+    assert samples.std() == pytest.approx(expected, rel=0.1)
+    assert central.sums.std() == pytest.approx(expected, rel=0.2)
+
+
+def test_under_secagg_each_client_adds_its_share_and_the_server_sees_only_the_noisy_sum(
+        cache_dir, tmp_path, monkeypatch):
+    """Distributed DP: the sum SecAgg+ hands the server is off the exact one by one release's
+    noise, and the server adds none of its own."""
+    from ovalp_flwr.ova import server
+
+    received, starts = [], []
+    monkeypatch.setattr(server, "statistics_noise_share", lambda *a, **k: pytest.fail("central"))
+    postprocessed, initial_head = server.postprocessed, server.initial_head
+    monkeypatch.setattr(server, "postprocessed",
+                        lambda noisy, *args: received.append(noisy) or postprocessed(noisy, *args))
+    monkeypatch.setattr(server, "initial_head", lambda config, init, summed, cache: (
+        starts.append(summed.total) or initial_head(config, init, summed, cache)))
+    options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir), "partition": "iid",
+               "results-dir": str(tmp_path), "num-server-rounds": 0, **PRIVATE,
+               "statistics-aggregation": "secagg+", "dp-statistics-epsilon": 1.0}
+    summary = read_summary(run_local({**options, "run-name": "secure"}, 12))
+    run_local({**options, "run-name": "exact", "dp-statistics-epsilon": 0.0}, 12)
+    assert summary["privacy"]["statistics"]["trust"] == "distributed"
+    assert set(summary["privacy"]["trust"]) == {"distributed"}
+    (noisy,), exact = received, starts[1]
+    sigma = summary["privacy"]["statistics"]["noise_multiplier"]
+    deviation = (noisy.sums - exact.sums).ravel()  # SecAgg+'s quantisation: ~1e-5 of this
+    assert deviation.std() == pytest.approx(sigma * math.sqrt(4) * 2 * 1.0, rel=0.15)

@@ -2,9 +2,13 @@
 heads' rounds, each a Gaussian mechanism, composed by one RDP accountant per run (Flower's
 `RdpAccountant`, Google's `dp-accounting` underneath) into the (ε, δ) the run spends.
 
-The trust model is central DP: the server is trusted with what clients send (their statistics,
-their updates, their sample counts); what is protected is everything the run *releases* (the
-model, summary.json, rounds.csv). Who takes part and how many rows each holds are public (the
+The trust model is central DP, but for the statistics under SecAgg+: the server is trusted with
+what clients send (their statistics, their updates, their sample counts); what is protected is
+everything the run *releases* (the model, summary.json, rounds.csv). With
+`statistics-aggregation = "secagg+"` the statistics' noise is distributed: each client holding
+data adds 1/m of its variance (m: the clients holding data) before SecAgg+ masks its vector,
+and the server, which sees only the sum, sees it noisy. SecAgg+ here refuses a sum that misses
+any client, so the shares never add up to less than one release's noise. Who takes part and how many rows each holds are public (the
 server plans with the counts `describe` gives), so neighbouring datasets differ in the *value* of
 one record, not its presence: replace-one, of an example for the statistics and of a client's
 whole data for the rounds. The noise comes from the operating system's entropy, fresh for every
@@ -51,8 +55,10 @@ INFINITE = "inf"  # summary.json's ε for a level some release is not covered at
 NEIGHBOURS = ("replace-one: datasets differ in one example's values (statistics) or one "
               "client's data (rounds); who takes part and each client's row count are public")
 NOISE_SOURCE = "the operating system's entropy, fresh for every release"
-TRUST = ("central: the server sees the clients' exact statistics and clipped updates and adds "
-         "the noise; the guarantee covers what the run releases")
+TRUST = {"central": "the server sees what the clients send exactly and adds the noise; the "
+                    "guarantee covers what the run releases",
+         "distributed": "each client holding data adds its share of the noise before SecAgg+ "
+                        "masks its statistics: the server sees only their noisy sum"}
 
 
 def _accountant(delta: float) -> RdpAccountant:
@@ -115,28 +121,46 @@ def statistics_sensitivities(clip: float) -> tuple[float, float, float, float]:
     return math.sqrt(2.0), 2.0 * clip, math.sqrt(2.0) * clip ** 2, math.sqrt(2.0) * clip ** 2
 
 
-def private_statistics(stats: ClassStatistics, noise_multiplier: float,
-                       clip: float) -> ClassStatistics:
-    """The summed statistics with the Gaussian mechanism's noise: the blocks scaled by their
-    sensitivities form one vector whose L2 sensitivity is √blocks."""
+def statistics_noise_share(stats: ClassStatistics, noise_multiplier: float, clip: float,
+                           shares: int = 1) -> ClassStatistics:
+    """`stats` plus one of `shares` equal shares of the Gaussian mechanism's noise: the blocks
+    scaled by their sensitivities form one vector whose L2 sensitivity is √blocks, and
+    `shares` independent shares (std / √shares each) sum to one release's noise. One share
+    is the central mechanism; under SecAgg+ every client holding data adds its own."""
     rng = _noise()
     blocks = 4 if stats.gram is not None else 3
-    scale = noise_multiplier * math.sqrt(blocks)
+    scale = noise_multiplier * math.sqrt(blocks) / math.sqrt(shares)
     counts_s, sums_s, norms_s, gram_s = statistics_sensitivities(clip)
     counts = stats.counts + rng.normal(0.0, scale * counts_s, stats.counts.shape)
     sums = stats.sums + rng.normal(0.0, scale * sums_s, stats.sums.shape)
     square_norms = stats.square_norms + rng.normal(0.0, scale * norms_s, stats.counts.shape)
     gram = None
     if stats.gram is not None:
-        d, std = len(stats.gram), scale * gram_s
+        d = len(stats.gram)
         upper = np.zeros((d, d))
-        upper[np.triu_indices(d)] = rng.normal(0.0, std, d * (d + 1) // 2)
-        # post-processing: symmetric noise of this std has eigenvalues down to about -2·std·√D
-        # (the semicircle's edge), which would leave the ridge system indefinite; the diagonal
-        # is raised by that much, so the noisy Gram stays positive definite (a ridge penalty)
-        gram = stats.gram + upper + np.triu(upper, 1).T + gram_shift(std, d) * np.eye(d)
-    # post-processing: a count or a square norm below zero is no one's
-    return ClassStatistics(np.maximum(counts, 0.0), sums, np.maximum(square_norms, 0.0), gram)
+        upper[np.triu_indices(d)] = rng.normal(0.0, scale * gram_s, d * (d + 1) // 2)
+        gram = stats.gram + upper + np.triu(upper, 1).T
+    return ClassStatistics(counts, sums, square_norms, gram)
+
+
+def postprocessed(noisy: ClassStatistics, noise_multiplier: float, clip: float) -> ClassStatistics:
+    """The noisy sums made usable, free of privacy (post-processing): symmetric noise of std s
+    has eigenvalues down to about -2·s·√D (the semicircle's edge), which would leave the ridge
+    system indefinite, so the Gram matrix's diagonal is raised by that much (a ridge penalty);
+    a count or a square norm below zero is no one's."""
+    gram = noisy.gram
+    if gram is not None:
+        std = noise_multiplier * math.sqrt(4) * statistics_sensitivities(clip)[3]
+        gram = gram + gram_shift(std, len(gram)) * np.eye(len(gram))
+    return ClassStatistics(np.maximum(noisy.counts, 0.0), noisy.sums,
+                           np.maximum(noisy.square_norms, 0.0), gram)
+
+
+def private_statistics(stats: ClassStatistics, noise_multiplier: float,
+                       clip: float) -> ClassStatistics:
+    """Central DP: the summed statistics with one release's noise, post-processed."""
+    return postprocessed(statistics_noise_share(stats, noise_multiplier, clip), noise_multiplier,
+                         clip)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,12 +227,14 @@ def privacy_report(config: RunConfig) -> dict:
         sigma = statistics_noise(config)
         events.append((sigma, 1))
         mechanisms["statistics"] = {"level": "example", "noise_multiplier": sigma,
-                                    "clip": config.dp_feature_clip, "releases": 1}
+                                    "clip": config.dp_feature_clip, "releases": 1,
+                                    "trust": "distributed" if config.statistics_aggregation
+                                    == "secagg+" else "central"}
     if "rounds" in releases and config.dp_rounds_epsilon > 0:
         sigma, count = rounds_noise(config), max(config.num_server_rounds, 1)
         events.append((sigma, count))
         mechanisms["rounds"] = {"level": "client", "noise_multiplier": sigma,
-                                "clip": config.dp_clip, "releases": count}
+                                "clip": config.dp_clip, "releases": count, "trust": "central"}
     for mechanism in mechanisms.values():
         mechanism["epsilon"] = epsilon_spent(mechanism["noise_multiplier"], mechanism["releases"],
                                              config.dp_delta)
@@ -223,4 +249,5 @@ def privacy_report(config: RunConfig) -> dict:
                     "client_epsilon": _epsilon(client, not uncovered and "statistics" not in mechanisms),
                     "delta": config.dp_delta, "uncovered": uncovered,
                     "amplification_by_sampling": False},
-            "neighbouring": NEIGHBOURS, "noise": NOISE_SOURCE, "trust": TRUST}
+            "neighbouring": NEIGHBOURS, "noise": NOISE_SOURCE,
+            "trust": {m["trust"]: TRUST[m["trust"]] for m in mechanisms.values()}}

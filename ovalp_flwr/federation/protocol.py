@@ -56,6 +56,7 @@ FEATURE_SPACE = "feature-space"  # digest of encoder identity + label set (Cache
 STATISTICS_KIND = "statistics-kind"  # what the server asks for: head_init.statistics.KINDS
 NUM_CLASSES = "num-classes"  # the server's label set size, for the statistics' shape
 CLIPPING_RANGE = "secagg-clipping-range"  # |per-sample statistic| SecAgg+ can carry
+NOISE_SHARES = "noise-shares"  # distributed DP: each client holding data adds 1/this of the noise
 SECAGG_CONFIGS = "secaggplus_configs"  # flwr...secaggplus_constants.RECORD_KEY_CONFIGS
 NORM_STATE = "ovalp-norm"  # key of the client's stored statistics in context.state
 METHOD = "method"  # the personalization method a PERSONALIZE message asks for

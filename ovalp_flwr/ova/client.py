@@ -27,7 +27,7 @@ from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats, no
 from ovalp_flwr.core.training import shuffle_generator, train_local
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.attacks import attack_of, flipped
-from ovalp_flwr.federation.privacy import clip_rows
+from ovalp_flwr.federation.privacy import clip_rows, statistics_noise, statistics_noise_share
 from ovalp_flwr.federation.node import (NodeRows, feature_source, local_schedule, node_partition,
                                         node_rows, node_test_rows, node_validation_rows,
                                         noise_spec, partition_spec, run_config)
@@ -132,7 +132,11 @@ def _statistics_fitres(msg: Message, context: Context) -> Message:
         what, examples = "gradient entry", len(labels)
     else:
         stats = client_statistics(config, context, request, digest)
-        vector, what, examples = stats.per_sample_vector(), "per-sample statistic", stats.num_samples
+        examples = stats.num_samples
+        if p.NOISE_SHARES in request and examples:  # distributed DP: this client's share
+            stats = statistics_noise_share(stats, statistics_noise(config),
+                                           config.dp_feature_clip, int(request[p.NOISE_SHARES]))
+        vector, what = stats.per_sample_vector(examples), "per-sample statistic"
     limit = float(request[p.CLIPPING_RANGE])
     if np.abs(vector).max(initial=0.0) > limit:
         raise ValueError(f"a {what} of this client is {np.abs(vector).max():.4g}, outside "

@@ -42,7 +42,8 @@ from ovalp_flwr.federation.checkpoint import part_files
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError, SetupCosts, wait_for_nodes
 from ovalp_flwr.federation.node import all_partitions, held_rows, partition_spec, resolve_path
-from ovalp_flwr.federation.privacy import privacy_report, private_statistics, statistics_noise
+from ovalp_flwr.federation.privacy import (postprocessed, privacy_report, statistics_noise,
+                                           statistics_noise_share)
 from ovalp_flwr.federation.results import default_run_name, write_run
 from ovalp_flwr.federation.resume import Checkpoints, resumable
 from ovalp_flwr.federation.rounds import equal_share_steps, make_strategy, train_reply_check
@@ -74,8 +75,12 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     # the server's L-BFGS is preconditioned by the Gram matrix, whatever the start
     setup = set_up(grid, nodes, config, cache, "gram" if config.server_steps else init.statistics)
     if config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
-        setup.statistics.total = private_statistics(setup.statistics.total, statistics_noise(config),
-                                                    config.dp_feature_clip)
+        # central DP adds the noise here; under SecAgg+ the clients added it (distributed DP)
+        noisy = setup.statistics.total if setup.statistics.secure else \
+            statistics_noise_share(setup.statistics.total, statistics_noise(config),
+                                   config.dp_feature_clip)
+        setup.statistics.total = postprocessed(noisy, statistics_noise(config),
+                                               config.dp_feature_clip)
     validation = validation_rows(config, cache, setup.norm)
     chosen = {}
     if choosing_lambda:  # before the check (it scores starts at this penalty), and after it
@@ -182,7 +187,11 @@ def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeature
                                   clients=clients, cache=cache)
         leave_out(clients, refused)
     if secure:
-        summed.add_secure(grid, clients, {**request, p.NORM_DIGEST: norm.digest() if norm else ""},
+        # distributed DP: every client holding data adds its share of the noise before masking
+        shares = {p.NOISE_SHARES: sum(1 for c in clients.values() if int(c[p.NUM_EXAMPLES]) > 0)} \
+            if config.dp_statistics_epsilon > 0 else {}
+        summed.add_secure(grid, clients, {**request, **shares,
+                                          p.NORM_DIGEST: norm.digest() if norm else ""},
                           cache.train.x.shape[1], costs)
     return SetUp(clients, partition, norm, summed, costs)
 

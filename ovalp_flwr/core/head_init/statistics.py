@@ -94,10 +94,12 @@ class ClassStatistics:
         return cls(counts, sums, square_norms, gram)
 
 
-    def per_sample_vector(self) -> np.ndarray:
+    def per_sample_vector(self, num_samples: int | None = None) -> np.ndarray:
         """The statistics divided by the sample count, flat (the square norms also by D, to
-        sit where the other entries do): what secure aggregation averages, weighted by count."""
-        n, d = max(self.num_samples, 1), self.sums.shape[1]
+        sit where the other entries do): what secure aggregation averages, weighted by count.
+        `num_samples`: the count to divide by when the counts carry noise (the true one)."""
+        n = max(self.num_samples if num_samples is None else num_samples, 1)
+        d = self.sums.shape[1]
         arrays = self.to_arrays()
         return np.concatenate([arrays["counts"] / n, arrays["sums"].ravel() / n,
                                arrays["square-norms"] / (n * d),
