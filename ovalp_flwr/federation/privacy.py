@@ -1,6 +1,6 @@
 """Differential privacy for what clients send: the statistics of the closed-form start and the
-heads' rounds, each a Gaussian mechanism, composed by one RDP accountant per run (Flower's
-`RdpAccountant`, Google's `dp-accounting` underneath) into the (ε, δ) the run spends.
+heads' rounds, each a Gaussian mechanism, composed by one RDP accountant per run (Google's
+`dp-accounting`, which Flower's `RdpAccountant` wraps) into the (ε, δ) the run spends.
 
 The trust model is central DP, but for the statistics under SecAgg+: the server is trusted with
 what clients send (their statistics, their updates, their sample counts); what is protected is
@@ -8,22 +8,25 @@ everything the run *releases* (the model, summary.json, rounds.csv). With
 `statistics-aggregation = "secagg+"` the statistics' noise is distributed: each client holding
 data adds 1/m of its variance (m: the clients holding data) before SecAgg+ masks its vector,
 and the server, which sees only the sum, sees it noisy. SecAgg+ here refuses a sum that misses
-any client, so the shares never add up to less than one release's noise. Who takes part and how many rows each holds are public (the
-server plans with the counts `describe` gives), so neighbouring datasets differ in the *value* of
-one record, not its presence: replace-one, of an example for the statistics and of a client's
-whole data for the rounds. The noise comes from the operating system's entropy, fresh for every
-release: nothing a client or summary.json sees (the run's seed included) can regenerate it.
+any client, so the shares never add up to less than one release's noise. Who takes part
+and how many rows each holds are public (the server plans with the counts `describe` gives), so
+neighbouring datasets differ in the *value* of one record, not its presence: replace-one, of an
+example for the statistics and of a client's whole data for the rounds. The noise comes from
+the operating system's entropy, fresh for every release: nothing a client or summary.json sees
+(the run's seed included) can regenerate it.
 
 - **Statistics** (`dp-statistics-epsilon`, example-level): each client clips every feature
-  vector to norm `dp-feature-clip` (C) before it sums; the server adds Gaussian noise to the
-  summed counts, class sums, square norms and Gram matrix, each block scaled by what replacing
-  one example can change it by (√2, 2C, √2·C², √2·C²). One release.
+  vector to norm `dp-feature-clip` (C) before it sums; Gaussian noise goes on the summed
+  counts, class sums, square norms and Gram matrix, each block scaled by what replacing one
+  example can change it by (√2, 2C, √2·C², √2·C²). One release.
 - **Rounds** (`dp-rounds-epsilon`, client-level, Flower's
   `DifferentialPrivacyServerSideFixedClipping` under replace-one): each client's update is
   clipped to `dp-clip` with Flower's `compute_clip_model_update`, the clipped updates are
   averaged unweighted over the clients sampled, and Gaussian noise of std σ·2·clip/sampled
   (Flower's `compute_stdv` at the replace-one sensitivity 2·clip) is added. One release per
-  round, accounted without amplification by sampling (valid for any sampling).
+  round. With `fraction-train` < 1 the strategy samples a fixed number of clients without
+  replacement, drawn from OS entropy (a sample the seed fixed would be public), and the
+  accountant takes the amplification by that sampling (Wang-Balle-Kasiviswanathan 2019).
 
 Each mechanism's noise multiplier σ is calibrated so that it alone spends the ε asked for at
 `dp-delta`; the run's accountant composes them. A client-level guarantee covers any one example
@@ -36,19 +39,23 @@ that level's ε infinite: refused unless `dp-uncovered = "allow"`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+# Google's dp-accounting (what Flower's RdpAccountant wraps; flwr[dp] installs it), used
+# directly: one accountant composes unsampled and subsampled releases under replace-one
+from dp_accounting import dp_event
+from dp_accounting.privacy_accountant import NeighboringRelation
+from dp_accounting.rdp import RdpAccountant
 from flwr.supercore.differential_privacy import compute_clip_model_update, compute_stdv
-from flwr.supercore.privacy_accounting import (GaussianPrivacyEvent, NeighboringRelation,
-                                               PrivacyConfig, SamplingMethod)
-from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.federation.replies import TrainReply
+from ovalp_flwr.federation.strategy import sample_size
 
 Arrays = dict[str, np.ndarray]
 INFINITE = "inf"  # summary.json's ε for a level some release is not covered at (JSON has no ∞)
@@ -61,36 +68,54 @@ TRUST = {"central": "the server sees what the clients send exactly and adds the 
                         "masks its statistics: the server sees only their noisy sum"}
 
 
-def _accountant(delta: float) -> RdpAccountant:
-    """An RDP accountant for unsampled Gaussian releases. Flower's wrapper pairs "no
-    amplification" with add-or-remove-one only; for an unsampled Gaussian the RDP curve is the
-    same under either relation once σ is taken against that relation's sensitivity, which is
-    what every σ here is (std / replace-one sensitivity)."""
-    return RdpAccountant(PrivacyConfig(delta, 1, NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                       SamplingMethod.NO_AMPLIFICATION))
+@dataclasses.dataclass(frozen=True)
+class Releases:
+    """`count` Gaussian releases of noise multiplier σ (std / replace-one sensitivity), each
+    over a uniform sample of `sample` of the `population` records drawn without replacement
+    (every record when sample = population: no amplification)."""
+
+    noise_multiplier: float
+    count: int = 1
+    sample: int = 1
+    population: int = 1
+
+    def event(self) -> dp_event.DpEvent:
+        gaussian = dp_event.GaussianDpEvent(self.noise_multiplier)
+        if self.sample >= self.population:
+            return gaussian
+        return dp_event.SampledWithoutReplacementDpEvent(self.population, self.sample, gaussian)
 
 
-def epsilon_spent(noise_multiplier: float, releases: int, delta: float) -> float:
-    """ε after `releases` Gaussian releases of noise multiplier σ (std / sensitivity), at δ."""
-    return composed_epsilon([(noise_multiplier, releases)], delta)
+def composed_epsilon(releases: Sequence[Releases], delta: float) -> float:
+    """ε at δ of every release composed by one RDP accountant, under replace-one (the
+    relation Wang-Balle-Kasiviswanathan's fixed-size sampling analysis needs)."""
+    accountant = RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
+    for release in releases:
+        accountant.compose(release.event(), release.count)
+    return float(accountant.get_epsilon(delta))
 
 
-def composed_epsilon(events: Sequence[tuple[float, int]], delta: float) -> float:
-    """ε at δ of every (σ, releases) in `events` composed by one accountant."""
-    accountant = _accountant(delta)
-    for noise_multiplier, releases in events:
-        accountant.compose(GaussianPrivacyEvent(noise_multiplier, 1, 1), releases)
-    return accountant.get_privacy_spent().epsilon
+@functools.lru_cache(maxsize=256)  # a subsampled curve costs ~0.5 s: each is computed once
+def epsilon_spent(noise_multiplier: float, releases: int, delta: float, sample: int = 1,
+                  population: int = 1) -> float:
+    """ε after `releases` Gaussian releases of noise multiplier σ (std / sensitivity), at δ,
+    each over `sample` of `population` (sampled without replacement)."""
+    return composed_epsilon([Releases(noise_multiplier, releases, sample, population)], delta)
 
 
-def noise_multiplier_for(epsilon: float, releases: int, delta: float) -> float:
+@functools.lru_cache(maxsize=64)
+def noise_multiplier_for(epsilon: float, releases: int, delta: float, sample: int = 1,
+                         population: int = 1) -> float:
     """The smallest σ ≥ 0.01 (to a relative 1e-4) whose `releases` spend at most ε at δ."""
+    def spent(sigma: float) -> float:
+        return epsilon_spent(sigma, releases, delta, sample, population)
+
     low, high = 1e-2, 1.0
-    while epsilon_spent(high, releases, delta) > epsilon:
+    while spent(high) > epsilon:
         low, high = high, high * 2
     while high / low > 1 + 1e-4:
         middle = math.sqrt(low * high)
-        if epsilon_spent(middle, releases, delta) > epsilon:
+        if spent(middle) > epsilon:
             low = middle
         else:
             high = middle
@@ -199,55 +224,59 @@ def statistics_noise(config: RunConfig) -> float:
     return noise_multiplier_for(config.dp_statistics_epsilon, 1, config.dp_delta)
 
 
-def rounds_noise(config: RunConfig) -> float:
-    """σ for each round: `num-server-rounds` releases spending `dp-rounds-epsilon` together."""
-    return noise_multiplier_for(config.dp_rounds_epsilon, max(config.num_server_rounds, 1),
-                                config.dp_delta)
+def rounds_releases(config: RunConfig, population: int) -> Releases:
+    """The rounds as the accountant sees them: `num-server-rounds` releases, each over the
+    clients the strategy samples (`fraction-train` of the `population` nodes, a fixed number
+    drawn without replacement from OS entropy: amplification by sampling), at the σ that
+    spends `dp-rounds-epsilon` together."""
+    count, sample = max(config.num_server_rounds, 1), sample_size(population, config.fraction_train)
+    sigma = noise_multiplier_for(config.dp_rounds_epsilon, count, config.dp_delta, sample,
+                                 population)
+    return Releases(sigma, count, sample, population)
 
 
-def private_rounds(config: RunConfig) -> PrivateRounds | None:
-    """The run's DP aggregation of the rounds, or None when they are not private."""
+def private_rounds(config: RunConfig, population: int = 1) -> PrivateRounds | None:
+    """The run's DP aggregation of the rounds over `population` nodes, or None when they are
+    not private."""
     if config.dp_rounds_epsilon <= 0:
         return None
-    return PrivateRounds(rounds_noise(config), config.dp_clip)
+    return PrivateRounds(rounds_releases(config, population).noise_multiplier, config.dp_clip)
 
 
 def _epsilon(value: float, covered: bool) -> float | str:
     return value if covered else INFINITE
 
 
-def privacy_report(config: RunConfig) -> dict:
+def privacy_report(config: RunConfig, population: int = 1) -> dict:
     """What `summary.json` says of the privacy spent: per mechanism, its σ, clip, releases and
     the ε it alone spends; for the run, one accountant's ε at each level (example, client),
     "inf" where a release is not covered, and the releases that are not."""
     mechanisms: dict[str, dict] = {}
-    events: list[tuple[float, int]] = []
-    releases = config.data_releases
-    if "statistics" in releases and config.dp_statistics_epsilon > 0:
-        sigma = statistics_noise(config)
-        events.append((sigma, 1))
-        mechanisms["statistics"] = {"level": "example", "noise_multiplier": sigma,
-                                    "clip": config.dp_feature_clip, "releases": 1,
+    releases: dict[str, Releases] = {}
+    made = config.data_releases
+    if "statistics" in made and config.dp_statistics_epsilon > 0:
+        releases["statistics"] = Releases(statistics_noise(config))
+        mechanisms["statistics"] = {"level": "example", "clip": config.dp_feature_clip,
                                     "trust": "distributed" if config.statistics_aggregation
                                     == "secagg+" else "central"}
-    if "rounds" in releases and config.dp_rounds_epsilon > 0:
-        sigma, count = rounds_noise(config), max(config.num_server_rounds, 1)
-        events.append((sigma, count))
-        mechanisms["rounds"] = {"level": "client", "noise_multiplier": sigma,
-                                "clip": config.dp_clip, "releases": count, "trust": "central"}
-    for mechanism in mechanisms.values():
-        mechanism["epsilon"] = epsilon_spent(mechanism["noise_multiplier"], mechanism["releases"],
-                                             config.dp_delta)
-        mechanism["delta"] = config.dp_delta
-    uncovered = [name for name in releases if name not in mechanisms]
-    client_events = [(m["noise_multiplier"], m["releases"]) for m in mechanisms.values()
-                     if m["level"] == "client"]
-    example = composed_epsilon(events, config.dp_delta) if events else 0.0
-    client = composed_epsilon(client_events, config.dp_delta) if client_events else 0.0
+    if "rounds" in made and config.dp_rounds_epsilon > 0:
+        releases["rounds"] = rounds_releases(config, population)
+        mechanisms["rounds"] = {"level": "client", "clip": config.dp_clip, "trust": "central",
+                                "sampled": releases["rounds"].sample, "population": population}
+    for name, mechanism in mechanisms.items():
+        release = releases[name]
+        mechanism.update(noise_multiplier=release.noise_multiplier, releases=release.count,
+                         epsilon=composed_epsilon([release], config.dp_delta),
+                         delta=config.dp_delta)
+    uncovered = [name for name in made if name not in mechanisms]
+    by_client = [r for name, r in releases.items() if mechanisms[name]["level"] == "client"]
+    example = composed_epsilon(list(releases.values()), config.dp_delta) if releases else 0.0
+    client = composed_epsilon(by_client, config.dp_delta) if by_client else 0.0
+    amplified = any(r.sample < r.population for r in releases.values())
     return {**mechanisms,
             "run": {"example_epsilon": _epsilon(example, not uncovered),
                     "client_epsilon": _epsilon(client, not uncovered and "statistics" not in mechanisms),
                     "delta": config.dp_delta, "uncovered": uncovered,
-                    "amplification_by_sampling": False},
+                    "amplification_by_sampling": amplified},
             "neighbouring": NEIGHBOURS, "noise": NOISE_SOURCE,
             "trust": {m["trust"]: TRUST[m["trust"]] for m in mechanisms.values()}}

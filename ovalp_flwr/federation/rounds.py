@@ -98,7 +98,9 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         max_weight=weight_cap(config.weight_cap, sizes),
         exclude_after=config.exclude_after_rejections,
         robust=(RobustAggregation(config.robust_aggregation, config.robust_fraction)
-                if config.robust_aggregation != "none" else private_rounds(config)),
+                if config.robust_aggregation != "none"
+                else private_rounds(config, max(len(sizes or {}), 1))),
+        secret_sampling=config.dp_rounds_epsilon > 0,
         control_variates=(ControlVariates(config.learning_rate,
                                           held_by_clients=config.scaffold_variates == "clients")
                           if config.drift_correction == "scaffold" and not config.server_steps

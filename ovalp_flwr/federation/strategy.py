@@ -55,6 +55,11 @@ def message_bytes(content: RecordDict) -> int:
     return sum(record_bytes(record) for record in content.values())
 
 
+def sample_size(num_nodes: int, fraction: float) -> int:
+    """How many of `num_nodes` a round with `fraction` samples: at least one, at most all."""
+    return min(num_nodes, max(1, int(round(num_nodes * fraction))))
+
+
 def record_bytes(record: ArrayRecord | ConfigRecord | MetricRecord) -> int:
     return config_bytes(record) if isinstance(record, ConfigRecord) else record.count_bytes()
 
@@ -92,6 +97,7 @@ class Staged:
         robust: RobustAggregation | None = None,
         federated_validation: bool = False,
         max_weight: float | None = None,
+        secret_sampling: bool = False,
         **strategy_options,
     ) -> None:
         """admit(grid, new_node_ids) -> node ids in sampling order: how nodes that connect
@@ -106,7 +112,8 @@ class Staged:
         federated_validation: the clients keep the validation rows; every round (and the start)
         the server asks every node to score the heads it holds on them, and keeps the sums.
         max_weight: the most weight a reply can have in the mean, whatever count it states
-        (`weight-cap`); None: no cap.
+        (`weight-cap`); None: no cap. secret_sampling: the train sample drawn from OS entropy,
+        not the seed (DP rounds: `privacy`).
         strategy_options go to the Flower strategy (e.g. FedAdam's eta)."""
         if aggregation_weights not in ("samples", "uniform"):
             raise ValueError(f"aggregation-weights={aggregation_weights!r} is not allowed; "
@@ -129,6 +136,7 @@ class Staged:
         self.variates = control_variates
         self.robust = robust
         self.max_weight = max_weight
+        self.secret_sampling = secret_sampling
         self.check_reply = check_reply
         self.exclude_after = exclude_after
         self.rejected: dict[int, int] = {}  # node -> replies refused so far
@@ -239,14 +247,17 @@ class Staged:
             self.m_t, self.v_t = unpack("fedopt-m", arrays), unpack("fedopt-v", arrays)
 
     def sample(self, grid: Grid, server_round: int, fraction: float, purpose: int) -> list[int]:
-        """A seeded subset of the nodes: same seed and round, same clients."""
+        """A seeded subset of the nodes: same seed and round, same clients. With
+        `secret_sampling`, the train sample is drawn from OS entropy instead: DP's amplification
+        by sampling holds only for a sample no one can regenerate."""
         nodes = [n for n in self.node_order or sorted(grid.get_node_ids()) if n not in self.excluded]
         if not nodes:
             return []
-        count = max(1, int(round(len(nodes) * fraction)))
+        count = sample_size(len(nodes), fraction)
         if count >= len(nodes):
             return list(nodes)
-        rng = np.random.default_rng([self.seed, server_round, purpose])
+        rng = np.random.default_rng() if self.secret_sampling and purpose == 0 else \
+            np.random.default_rng([self.seed, server_round, purpose])
         chosen = rng.choice(len(nodes), size=count, replace=False)
         return [nodes[i] for i in sorted(chosen)]
 

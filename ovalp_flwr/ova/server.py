@@ -137,7 +137,7 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     if getattr(strategy, "path", None) is not None:
         summary["weight_decay_path"] = strategy.path.summary()
     if config.dp_statistics_epsilon > 0 or config.dp_rounds_epsilon > 0:
-        summary["privacy"] = privacy_report(config)
+        summary["privacy"] = privacy_report(config, len(clients))
     if checkpoints.resumes:
         summary["resumes"] = checkpoints.resumes
     if config.personalization_methods:
