@@ -94,16 +94,22 @@ class Grids:
                               attackers=attackers, attack=attack))
 
 
-def update_attack_tables(grids: Grids) -> list[str]:
-    axes = grids.presets["robustness"].axes
-    lines = ["## Update attacks x every defence (10% attackers, seed 0)", ""]
+def attack_grid(grids: Grids, preset: str, columns: str, clean_of) -> list[str]:
+    """Per setting, a table of the preset's attacks (rows) by the `columns` axis, each cell
+    against `clean_of(setting)`."""
+    axes, lines = grids.presets[preset].axes, []
     for setting in axes["setting"]:
-        clean = grids.clean(setting, 0)
-        rows = [[attack] + [cell(final(grids.get("robustness", setting=setting, attack=attack,
-                                                 defence=defence)), clean)
-                            for defence in axes["defence"]] for attack in axes["attack"]]
-        lines += [f"### {setting}", ""] + table(["attack", *axes["defence"]], rows)
+        clean = clean_of(setting)
+        rows = [[attack] + [cell(final(grids.get(preset, setting=setting, attack=attack,
+                                                 **{columns: column})), clean)
+                            for column in axes[columns]] for attack in axes["attack"]]
+        lines += [f"### {setting}", ""] + table(["attack", *axes[columns]], rows)
     return lines
+
+
+def update_attack_tables(grids: Grids) -> list[str]:
+    return (["## Update attacks x every defence (10% attackers, seed 0)", ""]
+            + attack_grid(grids, "robustness", "defence", lambda setting: grids.clean(setting, 0)))
 
 
 def statistics_tables(grids: Grids) -> list[str]:
@@ -167,18 +173,14 @@ def fraction_tables(grids: Grids) -> list[str]:
 
 
 def count_cap_tables(grids: Grids) -> list[str]:
-    axes = grids.presets["robustness-count-cap"].axes
-    lines = ["## A cap on what a count buys (10% attackers, seed 0)", "",
+    def clean(setting: str) -> float | None:
+        return final(grids.get("robustness-count-cap", setting=setting, attack="clean",
+                               cap="none"))
+
+    return (["## A cap on what a count buys (10% attackers, seed 0)", "",
              "`conf/robustness-count-cap.toml`: FedAvg's mean without a cap and with "
              "`weight-cap`; points against its own clean run without a cap.", ""]
-    for setting in axes["setting"]:
-        clean = final(grids.get("robustness-count-cap", setting=setting, attack="clean",
-                                cap="none"))
-        rows = [[attack] + [cell(final(grids.get("robustness-count-cap", setting=setting,
-                                                 attack=attack, cap=cap)), clean)
-                            for cap in axes["cap"]] for attack in axes["attack"]]
-        lines += [f"### {setting}", ""] + table(["attack", *axes["cap"]], rows)
-    return lines
+            + attack_grid(grids, "robustness-count-cap", "cap", clean))
 
 
 def privacy_rows(grids: Grids) -> tuple[list[str], dict]:
