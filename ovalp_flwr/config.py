@@ -44,7 +44,7 @@ STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.federation
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
 FINETUNES = ("none", "lp", "fedavg-lora", "flora", "full")  # ovalp_flwr.finetune
 PFT_GLOBALS = ("server", "clients")  # who scores Global: ovalp_flwr.personalize.phase
-ROBUST_STARTS = ("none", "leave-out")  # core.head_init.leave_out
+ROBUST_STARTS = ("none", "screen", "leave-out")  # core.head_init.screen, .leave_out
 DP_UNCOVERED = ("refuse", "allow")  # a private run's releases without noise: federation.privacy
 ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean", "multi-krum", "norm-clip")  # federation.robust
 ATTACKS = ("none", "scale-10", "scale-100", "sign-flip", "label-flip", "stats-flip", "stats-gram",
@@ -335,10 +335,13 @@ class RunConfig:
         "`allow` it, and summary.json then gives ε = \"inf\" at every level that release "
         "breaks ([Robustness](robustness.md#differential-privacy)).", DP_UNCOVERED)
     robust_start: str = _key(
-        "none", "start", "`leave-out`: the server keeps each client's statistics and, before "
-        "the start is used, builds it once without each client in turn; a client whose absence "
-        "raises the start's accuracy on the validation rows (`validation-fraction`) by more than "
-        "`robust-start-margin` is left out of the sums (not of the rounds) "
+        "none", "start", "`screen`: the server keeps each client's statistics and leaves out "
+        "of the sums (not of the rounds) those that break the consensus of the others: rows "
+        "3x off the median client's mean square norm, a class mean against the median of its "
+        "holders', statistics no rows could give; cheap, and it holds against forgers acting "
+        "together. `leave-out`: the screen, then the start built once without each remaining "
+        "client in turn; a client whose absence raises the start's accuracy on the validation "
+        "rows (`validation-fraction`) by more than `robust-start-margin` is left out too "
         "([Robustness](robustness.md)).", ROBUST_STARTS)
     robust_start_margin: float = _key(
         0.005, "start", "With `robust-start`: the accuracy gain (a fraction) that leaves a "
@@ -887,7 +890,7 @@ def choices_made(values: Mapping[str, Any]) -> list[str]:
     validation rows, never the test split."""
     if values.get("finetune", "none") != "none":
         return []
-    made = ["robust-start"] if values.get("robust-start", "none") != "none" else []
+    made = ["robust-start"] if values.get("robust-start", "none") == "leave-out" else []
     if values.get("head-init") == "ridge" and values.get("ridge-lambda") == "auto":
         made.append("ridge-lambda")
     if values.get("weight-decay") == "auto":

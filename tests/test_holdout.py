@@ -140,10 +140,11 @@ def with_test_labels_permuted(monkeypatch):
 
 
 def test_permuting_the_test_labels_changes_no_choice_a_run_makes(cache_dir, tmp_path, monkeypatch):
-    """A forger the start check leaves out, and the best round: both chosen on validation rows,
+    """A forger the start check leaves out (its class sums negated, in classes two clients hold:
+    no consensus screens it), and the best round: both chosen on validation rows,
     so the test split's labels, shuffled, move the scores and nothing else."""
     options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir), "num-server-rounds": 3,
-               "results-dir": str(tmp_path), "partition": "shard", "attack": "stats-gram",
+               "results-dir": str(tmp_path), "partition": "shard", "attack": "stats-flip",
                "attack-fraction": 0.1, "ridge-lambda": 0.001, "robust-start": "leave-out",
                "head-init": "ridge"}
     honest = read_summary(run_local({**options, "run-name": "honest"}, 10))

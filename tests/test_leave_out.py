@@ -37,9 +37,10 @@ def test_a_forged_client_is_left_out_and_honest_ones_are_not():
     assert np.allclose(without(forged, parts[3]).sums, without(honest, bad).sums)
 
 
-def test_the_leave_out_start_drops_a_forged_gram_that_the_plain_start_is_hurt_by(cache_dir, tmp_path):
+def test_the_checked_starts_drop_a_forged_gram_that_the_plain_start_is_hurt_by(cache_dir, tmp_path):
     """Label skew, one attacker scaling its Gram matrix: the start falls; checked, the
-    attacker alone is left out of the sums, and no one is on the clean run."""
+    attacker alone is taken out of the sums (by the screen, before any solve), and no one is
+    on the clean run."""
     options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir), "num-server-rounds": 0,
                "results-dir": str(tmp_path), "partition": "shard", "classes-per-client": 1,
                "attack-fraction": 0.1, "ridge-lambda": 0.001}
@@ -47,11 +48,16 @@ def test_the_leave_out_start_drops_a_forged_gram_that_the_plain_start_is_hurt_by
         return read_summary(run_local({**options, "run-name": name, **overrides}, 10))
     clean, forged_run = start("clean"), start("forged", attack="stats-gram")
     checked = start("checked", attack="stats-gram", **{"robust-start": "leave-out"})
+    screened = start("screened", attack="stats-gram", **{"robust-start": "screen"})
     clean_checked = start("clean-checked", **{"robust-start": "leave-out"})
     assert forged_run["initial_accuracy"] < clean["initial_accuracy"] - 0.2
-    assert checked["initial_accuracy"] > forged_run["initial_accuracy"] + 0.2
-    assert len(checked["head_init"]["left_out"]) == 1
+    for run in (checked, screened):
+        assert run["initial_accuracy"] > forged_run["initial_accuracy"] + 0.2
+        (out,) = run["head_init"]["screened_out"]
+        assert "mean square norm" in out["why"]
+    assert checked["head_init"]["left_out"] == [] and "left_out" not in screened["head_init"]
     assert clean_checked["head_init"]["left_out"] == []
+    assert clean_checked["head_init"]["screened_out"] == []
     # the check holds back its validation rows (`validation-fraction` "auto": 0.1); on them it
     # changes nothing
     clean_held = start("clean-held", **{"validation-fraction": 0.1})

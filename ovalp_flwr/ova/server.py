@@ -31,6 +31,7 @@ from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.core.devices import resolve_device
 from ovalp_flwr.core.head_init import HeadInit, make_head_init
 from ovalp_flwr.core.head_init.leave_out import leave_out_check
+from ovalp_flwr.core.head_init.screen import screen
 from ovalp_flwr.core.head_init.ridge import RidgeInit, lambda_path
 from ovalp_flwr.core.model import initial_adapter, model_from_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, NormStats, normalize
@@ -87,7 +88,8 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
         init, chosen = chosen_penalty(setup.statistics, validation)
     checked = checked_start(config, init, setup, validation) \
         if config.robust_start != "none" else {}
-    if choosing_lambda and checked.get("left_out"):  # chosen again on the sums kept
+    if choosing_lambda and (checked.get("left_out") or checked.get("screened_out")):
+        # chosen again on the sums kept
         init, chosen = chosen_penalty(setup.statistics, validation)
     initial, start = initial_head(config, init, setup.statistics, cache)
     start.update(checked)
@@ -275,26 +277,37 @@ def chosen_penalty(summed: StatisticsSum, validation: ValidationRows | None
 
 def checked_start(config: RunConfig, init: HeadInit, setup: SetUp,
                   validation: ValidationRows | None) -> dict:
-    """`robust-start = "leave-out"`: the clients whose absence makes the start more accurate on
-    the validation rows (`head_init.leave_out`; never the test split) taken out of its sums;
-    what `summary.json` says of them. They stay in the rounds, where `robust-aggregation`
-    bounds their updates: under label skew a client may hold a class alone, and only its rounds
-    can teach it."""
+    """`robust-start`: the clients whose statistics break the others' consensus
+    (`head_init.screen`) and, under "leave-out", those whose absence makes the start more
+    accurate on the validation rows (`head_init.leave_out`; never the test split), taken out
+    of its sums; what `summary.json` says of them. They stay in the rounds, where
+    `robust-aggregation` bounds their updates: under label skew a client may hold a class
+    alone, and only its rounds can teach it."""
     summed = setup.statistics
     if summed.total is None:
         return {}
-    assert validation is not None, "config validation: robust-start needs validation rows"
     started = time.perf_counter()
-    parts = summed.kept
-    check = leave_out_check(init, summed.total, parts, validation.features, validation.labels,
-                            config.seed, config.robust_start_margin)
-    partition = [int(setup.clients[node][p.PARTITION_ID]) for node in check.left_out]
+    partition = {node: int(setup.clients[node][p.PARTITION_ID]) for node in setup.clients}
+    screened = screen(summed.kept)
+    held = len(summed.kept)
+    summed.drop(list(screened))
+    found = {"screened_out": [{"partition": partition[node], "why": why}
+                              for node, why in sorted(screened.items(), key=lambda i: partition[i[0]])],
+             "screen_seconds": time.perf_counter() - started}
+    say(INFO, "robust-start: %d of %d clients screened out of the start's sums%s",
+        len(screened), held, "".join(f"; partition {partition[n]}: {why}"
+                                     for n, why in list(screened.items())[:3]))
+    if config.robust_start != "leave-out":
+        return found
+    assert validation is not None, "config validation: leave-out needs validation rows"
+    check = leave_out_check(init, summed.total, summed.kept, validation.features,
+                            validation.labels, config.seed, config.robust_start_margin)
     summed.drop(check.left_out)
-    say(INFO, "robust-start: %d of %d clients left out (start %.4f with all, on %d validation "
-        "rows; %.1f s)", len(check.left_out), len(parts), check.accuracy,
+    say(INFO, "robust-start: %d of %d clients left out (start %.4f with the rest, on %d "
+        "validation rows; %.1f s)", len(check.left_out), held - len(screened), check.accuracy,
         len(validation.labels), time.perf_counter() - started)
-    return {"check_accuracy": check.accuracy, "checked_on": "validation",
-            "left_out": partition, "gains": check.gains,
+    return {**found, "check_accuracy": check.accuracy, "checked_on": "validation",
+            "left_out": [partition[node] for node in check.left_out], "gains": check.gains,
             "check_seconds": time.perf_counter() - started}
 
 

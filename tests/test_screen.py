@@ -1,0 +1,68 @@
+"""The consensus screen (`core.head_init.screen`): forgers acting together are each out of line
+with the median client, whatever the others send; honest clients, IID or label-skewed, are not."""
+
+import numpy as np
+import torch
+
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.core.head_init.screen import screen
+from ovalp_flwr.core.head_init.statistics import ClassStatistics
+
+CLASSES = 4
+
+
+def client(rng, n, classes):
+    labels = rng.choice(classes, n)
+    rows = np.eye(8)[:CLASSES][labels] * 3.0 + rng.normal(size=(n, 8))
+    return ClassStatistics.of(torch.from_numpy(rows), torch.from_numpy(labels), CLASSES, True)
+
+
+def federation(skewed: bool, clients: int = 20) -> dict[int, ClassStatistics]:
+    rng = np.random.default_rng(0)
+    return {node: client(rng, 200, [node % CLASSES, (node + 1) % CLASSES] if skewed
+                         else list(range(CLASSES))) for node in range(clients)}
+
+
+def forged(stats: ClassStatistics, kind: str) -> ClassStatistics:
+    if kind == "stats-gram":
+        return ClassStatistics(stats.counts, stats.sums, 10 * stats.square_norms, 10 * stats.gram)
+    if kind == "stats-count":
+        return ClassStatistics(10 * stats.counts, stats.sums, stats.square_norms, stats.gram)
+    if kind == "stats-flip":
+        return ClassStatistics(stats.counts, -stats.sums, stats.square_norms, stats.gram)
+    return ClassStatistics(stats.counts, 10 * stats.sums, stats.square_norms, stats.gram)
+
+
+def test_honest_clients_iid_or_label_skewed_are_not_screened():
+    assert screen(federation(False)) == {} and screen(federation(True)) == {}
+
+
+def test_a_third_of_the_clients_forging_together_are_each_screened_out():
+    for skewed in (False, True):
+        for kind, why in (("stats-gram", "mean square norm"), ("stats-count", "mean square norm"),
+                          ("stats-flip", "against its holders' median"),
+                          ("sums-x10", "longer than its rows")):
+            parts = federation(skewed, clients=21)
+            for node in range(0, 21, 3):  # 7 of 21
+                parts[node] = forged(parts[node], kind)
+            out = screen(parts)
+            assert sorted(out) == list(range(0, 21, 3)), (skewed, kind, out)
+            assert all(why in reason for reason in out.values())
+
+
+def test_a_class_its_forger_holds_alone_has_no_consensus_to_break():
+    parts = federation(True, clients=4)  # each class held by two clients: too few to screen
+    parts[0] = forged(parts[0], "stats-flip")
+    assert screen(parts) == {}
+
+
+def test_empty_clients_are_neither_read_as_consensus_nor_screened():
+    parts = federation(False)
+    parts[99] = ClassStatistics(np.zeros(CLASSES), np.zeros((CLASSES, 8)), np.zeros(CLASSES),
+                                np.zeros((8, 8)))
+    assert screen(parts) == {}
+
+
+def test_the_screen_scores_nothing_so_it_holds_no_validation_rows_back():
+    assert RunConfig(robust_start="screen").validation_share == 0.0
+    assert RunConfig(robust_start="leave-out").validation_share > 0.0
