@@ -1,4 +1,4 @@
-"""The robustness report's tables and plot, from the committed run summaries of five presets.
+"""The robustness report's tables and plot, from the committed run summaries of six presets.
 
 - `conf/robustness.toml`: update attacks x every defence, per setting (10% attackers, seed 0);
 - `conf/robustness-statistics.toml`: forged statistics x (no defence, the recommended one);
@@ -6,6 +6,7 @@
   attacker and at 20%;
 - `conf/robustness-count-cap.toml`: inflated counts (stats-count) against `weight-cap`, and the
   cap's clean cost under quantity skew;
+- `conf/robustness-start.toml`: the start alone against 10% forging together, by check;
 - `conf/privacy.toml`: accuracy against ε for the DP start and the DP rounds.
 
 Each cell is a final accuracy (%) with, in brackets, its points against the clean run with no
@@ -60,12 +61,12 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 class Grids:
-    """The five presets' summaries, and the cells the tables read."""
+    """The six presets' summaries, and the cells the tables read."""
 
     def __init__(self) -> None:
         self.presets = {name: load_preset(ROOT / "conf" / f"{name}.toml") for name in
                         ("robustness", "robustness-statistics", "robustness-recommended",
-                         "robustness-count-cap", "privacy")}
+                         "robustness-count-cap", "robustness-start", "privacy")}
         self.runs = {name: summaries(preset) for name, preset in self.presets.items()}
 
     def get(self, preset: str, seed: int = 0, **choices: str) -> dict | None:
@@ -183,6 +184,36 @@ def count_cap_tables(grids: Grids) -> list[str]:
             + attack_grid(grids, "robustness-count-cap", "cap", clean))
 
 
+def start_cell(run: dict | None, clean: float | None) -> str:
+    """The start's accuracy against the clean one; the clients the check took out; the check's
+    seconds against the start's own (its set-up exchanges and solve)."""
+    if run is None:
+        return "not run"
+    start = run["head_init"]
+    out = len(start.get("screened_out", [])) + len(start.get("left_out", []))
+    own = run["setup"]["seconds"] + start["server_seconds"]
+    check = start.get("check_seconds", start.get("screen_seconds"))
+    return (cell(100.0 * run["initial_accuracy"], clean) + (f"; out {out}" if out else "")
+            + ("" if check is None else f"; check {check / own:.2f}x the start"))
+
+
+def start_check_tables(grids: Grids) -> list[str]:
+    axes = grids.presets["robustness-start"].axes
+    lines = ["## The start against 10% forging together, by check (seed 0)", "",
+             "`conf/robustness-start.toml`, the start alone: its accuracy (%) and, in brackets, "
+             "points against the clean start without a check; out: the clients the check took "
+             "out of the sums; the check's time against the start's own (set-up exchanges and "
+             "solve).", ""]
+    for setting in axes["setting"]:
+        clean_run = grids.get("robustness-start", setting=setting, attack="clean", check="none")
+        clean = None if clean_run is None else 100.0 * clean_run["initial_accuracy"]
+        rows = [[attack] + [start_cell(grids.get("robustness-start", setting=setting,
+                                                 attack=attack, check=check), clean)
+                            for check in axes["check"]] for attack in axes["attack"]]
+        lines += [f"### {setting}", ""] + table(["attack", *axes["check"]], rows)
+    return lines
+
+
 def privacy_rows(grids: Grids) -> tuple[list[str], dict]:
     preset = grids.presets["privacy"]
     columns = [(setting, kind) for setting in preset.axes["setting"]
@@ -238,7 +269,8 @@ def main() -> int:
              f"Made by `python benchmarks/robustness_table.py` from `results/` ({counts}). "
              "Final accuracy (%) after 20 rounds, 100 clients; in brackets, points against the "
              "clean run with no defence (same seed).", "", *update_attack_tables(grids),
-             *statistics_tables(grids), *count_cap_tables(grids), *seed_tables(grids),
+             *statistics_tables(grids), *start_check_tables(grids), *count_cap_tables(grids),
+             *seed_tables(grids),
              *fraction_tables(grids)]
     replace_durably(REPORT / "pivot.md", "\n".join(lines))
     privacy_table, points = privacy_rows(grids)
