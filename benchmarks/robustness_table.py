@@ -223,9 +223,7 @@ def privacy_rows(grids: Grids) -> tuple[list[str], dict]:
     for eps in EPSILONS:
         row = ["∞ (no noise)" if eps == "none" else eps.removeprefix("eps")]
         for setting, kind in columns:
-            # no noise, under SecAgg+ or not: the same start (to SecAgg+'s quantisation)
-            name = "start-none" if (kind, eps) == ("secagg", "none") else f"{kind}-{eps}"
-            run = grids.get("privacy", setting=setting, privacy=name)
+            run = grids.get("privacy", setting=setting, privacy=f"{kind}-{eps}")
             if run is None:
                 row.append("not run")
                 continue

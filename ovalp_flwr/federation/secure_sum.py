@@ -54,12 +54,25 @@ def quantization_range(num_clients: int) -> int:
     return 2 ** int(np.floor(np.log2(MODULUS_RANGE / (2 * max(num_clients, 2)))))
 
 
+def statistics_range(row_norm: float | None, noise_std: float = 0.0) -> float:
+    """The clipping range the per-sample statistics need: with every row's norm bounded
+    (`feature-norm = "l2"`, or DP's clip), no per-sample entry exceeds max(1, bound²), plus,
+    under distributed DP, eight standard deviations of a one-row client's noise share; SecAgg+
+    quantises over this range, so a tight one keeps the sums exact (l2 features' per-sample
+    Gram entries are about 1/D: over ±1024 their quantisation error was as large as they are).
+    Unbounded rows: `CLIPPING_RANGE`."""
+    if row_norm is None:
+        return CLIPPING_RANGE
+    return max(1.0, row_norm ** 2) + 8.0 * noise_std
+
+
 def secure_statistics(grid: Grid, nodes: list[int], request: dict, sizes: dict[int, int],
-                      num_features: int) -> ClassStatistics | None:
+                      num_features: int, clipping_range: float = CLIPPING_RANGE
+                      ) -> ClassStatistics | None:
     """Every node's statistics summed under SecAgg+: the server sees their sum and each
     node's sample count (`sizes`, from `describe`), nothing else of them. None if the protocol
     halted (too many clients failed; their errors are in the grid's replies)."""
-    average = secure_average(grid, nodes, request, sizes, clipping_range=CLIPPING_RANGE)
+    average = secure_average(grid, nodes, request, sizes, clipping_range=clipping_range)
     if average is None or average.contributors != set(nodes):
         return None
     return ClassStatistics.from_per_sample_vector(

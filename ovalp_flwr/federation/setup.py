@@ -21,7 +21,7 @@ from ovalp_flwr.features.cache import CachedFeatures
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.exchange import (CountingGrid, FederationError, SetupCosts,
                                             exchange_in_chunks)
-from ovalp_flwr.federation.secure_sum import secure_statistics
+from ovalp_flwr.federation.secure_sum import CLIPPING_RANGE, secure_statistics
 from ovalp_flwr.federation.strategy import message_bytes
 from ovalp_flwr.federation.validation import check_description, check_moments, check_statistics
 from ovalp_flwr.ops.console import say
@@ -57,12 +57,13 @@ class StatisticsSum:
         self._total, self._packed = value, None
 
     def add_secure(self, grid: Grid, clients: dict[int, dict], request: dict, num_features: int,
-                   costs: SetupCosts) -> None:
+                   costs: SetupCosts, clipping_range: float = CLIPPING_RANGE) -> None:
         """Flower's SecAgg+ (`secure_sum`): only the sum and the sample counts are seen."""
         sizes = {node: int(c[p.NUM_EXAMPLES]) for node, c in clients.items()}
         counted = CountingGrid(grid)
         started = time.perf_counter()
-        total = secure_statistics(counted, list(clients), request, sizes, num_features)
+        total = secure_statistics(counted, list(clients), request, sizes, num_features,
+                                  clipping_range)
         costs.add(counted.sent, counted.received, time.perf_counter() - started)
         if total is None:
             said = f"; node {counted.errors[0][0]} said: {counted.errors[0][1]}" if counted.errors \

@@ -17,6 +17,7 @@ describes itself impossibly is left out, a train reply that is not what it claim
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from logging import INFO
@@ -44,7 +45,8 @@ from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError, SetupCosts, wait_for_nodes
 from ovalp_flwr.federation.node import all_partitions, held_rows, partition_spec, resolve_path
 from ovalp_flwr.federation.privacy import (postprocessed, privacy_report, statistics_noise,
-                                           statistics_noise_share)
+                                           statistics_noise_share, statistics_sensitivities)
+from ovalp_flwr.federation.secure_sum import statistics_range
 from ovalp_flwr.federation.results import default_run_name, write_run
 from ovalp_flwr.federation.resume import Checkpoints, resumable
 from ovalp_flwr.federation.rounds import equal_share_steps, make_strategy, train_reply_check
@@ -189,13 +191,29 @@ def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeature
                                   clients=clients, cache=cache)
         leave_out(clients, refused)
     if secure:
-        # distributed DP: every client holding data adds its share of the noise before masking
-        shares = {p.NOISE_SHARES: sum(1 for c in clients.values() if int(c[p.NUM_EXAMPLES]) > 0)} \
-            if config.dp_statistics_epsilon > 0 else {}
-        summed.add_secure(grid, clients, {**request, **shares,
+        summed.add_secure(grid, clients, {**request, **_noise_shares(config, clients),
                                           p.NORM_DIGEST: norm.digest() if norm else ""},
-                          cache.train.x.shape[1], costs)
+                          cache.train.x.shape[1], costs, _statistics_range(config, clients))
     return SetUp(clients, partition, norm, summed, costs)
+
+
+def _noise_shares(config: RunConfig, clients: dict[int, dict]) -> dict:
+    """Distributed DP: every client holding data adds its share of the noise before masking."""
+    if config.dp_statistics_epsilon <= 0:
+        return {}
+    return {p.NOISE_SHARES: sum(1 for c in clients.values() if int(c[p.NUM_EXAMPLES]) > 0)}
+
+
+def _statistics_range(config: RunConfig, clients: dict[int, dict]) -> float:
+    """SecAgg+'s clipping range for this run's per-sample statistics (`statistics_range`)."""
+    row_norm = (1.0 if config.feature_norm in ("l2", "center-l2") else None)
+    if config.dp_statistics_epsilon > 0:
+        row_norm = min(row_norm or math.inf, config.dp_feature_clip)
+        shares = _noise_shares(config, clients)[p.NOISE_SHARES]
+        share_std = (statistics_noise(config) * 2 * max(statistics_sensitivities(
+            config.dp_feature_clip)) / math.sqrt(max(shares, 1)))
+        return statistics_range(row_norm, share_std)
+    return statistics_range(row_norm)
 
 
 def initial_head(config: RunConfig, init: HeadInit, summed: StatisticsSum,
