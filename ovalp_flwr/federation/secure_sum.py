@@ -18,10 +18,11 @@ What SecAgg+ costs, as the workflow works:
   its masked vector (one int64 per statistic: twice float32's bytes) and key shares for its
   `NUM_SHARES - 1` neighbours;
 - precision: the workflow averages Σ n_i v_i / Σ n_i of each client's per-sample statistics
-  v_i (`ClassStatistics.per_sample_vector`), each clipped to ±`CLIPPING_RANGE` (a client
-  whose statistics lie outside refuses instead of being clipped) and quantised to
-  `quantization_range(...)` levels, so the sums come back exact to about 1e-5 of their
-  scale instead of float32's 1e-7 (`tests/test_secure_sum.py`).
+  v_i (`ClassStatistics.per_sample_vector`), each within ± the range `statistics_range`
+  gives (`CLIPPING_RANGE`, or the rows' bound where it is known; a client whose statistics lie
+  outside refuses instead of being clipped) and quantised to `quantization_range(...)`
+  levels, so the sums come back exact to about 1e-5 of their scale instead of float32's 1e-7
+  (`tests/test_secure_sum.py`).
 """
 
 from __future__ import annotations
