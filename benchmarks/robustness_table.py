@@ -32,6 +32,7 @@ REPORT = ROOT / "reports" / "robustness"
 UPDATE_ATTACKS = ["scale-10", "scale-100", "sign-flip", "label-flip"]
 STATISTICS_ATTACKS = ["stats-flip", "stats-gram", "stats-count"]
 EPSILONS = ["eps1", "eps2", "eps4", "eps8", "none"]
+SCALES = (1000, 10000)  # conf/privacy-<n>.toml: DP at scale, 100 clients sampled a round
 
 
 def summaries(preset: Preset) -> dict[tuple[tuple[str, str], ...], dict]:
@@ -61,12 +62,13 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 class Grids:
-    """The six presets' summaries, and the cells the tables read."""
+    """The presets' summaries, and the cells the tables read."""
 
     def __init__(self) -> None:
         self.presets = {name: load_preset(ROOT / "conf" / f"{name}.toml") for name in
                         ("robustness", "robustness-statistics", "robustness-recommended",
-                         "robustness-count-cap", "robustness-start", "privacy")}
+                         "robustness-count-cap", "robustness-start", "privacy",
+                         *(f"privacy-{n}" for n in SCALES))}
         self.runs = {name: summaries(preset) for name, preset in self.presets.items()}
 
     def get(self, preset: str, seed: int = 0, **choices: str) -> dict | None:
@@ -214,29 +216,62 @@ def start_check_tables(grids: Grids) -> list[str]:
     return lines
 
 
-def privacy_rows(grids: Grids) -> tuple[list[str], dict]:
-    preset = grids.presets["privacy"]
-    columns = [(setting, kind) for setting in preset.axes["setting"]
-               for kind in ("start", "secagg", "rounds")]
+def privacy_cell(run: dict | None, kind: str) -> tuple[str, float | None]:
+    """A DP run's final accuracy (%) with the ε its accountant reports, and the accuracy."""
+    if run is None:
+        return "not run", None
+    spent = run.get("privacy", {}).get("rounds" if kind == "rounds" else "statistics")
+    value = 100.0 * run["final_accuracy"]
+    return f"{value:.2f}" + (f" (ε {spent['epsilon']:.3f})" if spent else ""), value
+
+
+def epsilon_table(columns: list[tuple[str, str]], get, offered) -> tuple[list[str], dict]:
+    """Rows ε, columns (label, kind): each cell `get(column, eps)`'s run; "—" where the
+    column's preset has no such run (`offered(column, eps)` false)."""
     points: dict = {column: [] for column in columns}
     rows = []
     for eps in EPSILONS:
         row = ["∞ (no noise)" if eps == "none" else eps.removeprefix("eps")]
-        for setting, kind in columns:
-            run = grids.get("privacy", setting=setting, privacy=f"{kind}-{eps}")
-            if run is None:
-                row.append("not run")
+        for column in columns:
+            if not offered(column, eps):
+                row.append("—")
                 continue
-            spent = run.get("privacy", {}).get("rounds" if kind == "rounds" else "statistics")
-            value = 100.0 * run["final_accuracy"]
-            row.append(f"{value:.2f}" + (f" (ε {spent['epsilon']:.3f})" if spent else ""))
-            points[(setting, kind)].append((math.inf if eps == "none" else float(eps[3:]), value))
+            text, value = privacy_cell(get(column, eps), column[1])
+            row.append(text)
+            if value is not None:
+                points[column].append((math.inf if eps == "none" else float(eps[3:]), value))
         rows.append(row)
-    header = ["ε", *(f"{setting} {kind}" for setting, kind in columns)]
-    return table(header, rows), points
+    return table(["ε", *(f"{label} {kind}" for label, kind in columns)], rows), points
 
 
-def privacy_plot(points: dict, path: Path) -> None:
+def privacy_rows(grids: Grids) -> tuple[list[str], dict]:
+    preset = grids.presets["privacy"]
+    columns = [(setting, kind) for setting in preset.axes["setting"]
+               for kind in ("start", "secagg", "rounds")]
+    return epsilon_table(
+        columns, lambda c, eps: grids.get("privacy", setting=c[0], privacy=f"{c[1]}-{eps}"),
+        lambda c, eps: True)
+
+
+def scale_rows(grids: Grids) -> tuple[list[str], dict]:
+    """CIFAR-10 IID's DP rounds and start at 100 clients (every client, 20 rounds) and at
+    1,000 and 10,000 (100 sampled a round, 50 rounds)."""
+    columns = [("100 clients", "rounds"), *((f"{n:,} clients", kind) for n in SCALES
+                                             for kind in ("start", "rounds"))]
+
+    def preset_of(column: tuple[str, str]) -> str:
+        return "privacy" if column[0] == "100 clients" else \
+            f"privacy-{column[0].split()[0].replace(',', '')}"
+
+    def get(column: tuple[str, str], eps: str) -> dict | None:
+        choices = {"setting": "cifar10-iid"} if preset_of(column) == "privacy" else {}
+        return grids.get(preset_of(column), privacy=f"{column[1]}-{eps}", **choices)
+
+    return epsilon_table(columns, get, lambda c, eps: f"{c[1]}-{eps}" in
+                         grids.presets[preset_of(c)].axes["privacy"])
+
+
+def privacy_plot(points: dict, path: Path, title: str = "Accuracy against ε") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -252,7 +287,7 @@ def privacy_plot(points: dict, path: Path) -> None:
             if not math.isfinite(e):
                 axis.axhline(a, color=line.get_color(), linestyle=":", linewidth=1)
     axis.set(xscale="log", xlabel="ε (δ = 1e-5)", ylabel="final accuracy (%)",
-             title="Accuracy against ε (dotted: the same run without noise)")
+             title=f"{title} (dotted: the same run without noise)")
     axis.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
     if axis.lines:
         axis.legend(fontsize=7)
@@ -272,6 +307,7 @@ def main() -> int:
              *fraction_tables(grids)]
     replace_durably(REPORT / "pivot.md", "\n".join(lines))
     privacy_table, points = privacy_rows(grids)
+    scale_table, scale_points = scale_rows(grids)
     privacy = ["# Differential privacy: accuracy against ε", "",
                "Made by `python benchmarks/robustness_table.py` from `results/privacy/` "
                "(`conf/privacy.toml`). Final accuracy (%) with, in brackets, the ε the "
@@ -281,9 +317,17 @@ def main() -> int:
                "(central). Secagg: the same, each client adding its share of the noise before "
                "SecAgg+ masks its statistics (distributed). Rounds: 20 DP rounds from zero heads "
                "(client-level). ∞: the same run without noise.", "", *privacy_table,
-               "![accuracy against epsilon](privacy.png)", ""]
+               "![accuracy against epsilon](privacy.png)", "",
+               "## At scale: 1,000 and 10,000 clients", "",
+               "`conf/privacy-1000.toml`, `conf/privacy-10000.toml`: CIFAR-10 IID. Rounds: 50 DP "
+               "rounds from zero heads, 100 clients sampled a round (a fixed number, from OS "
+               "entropy), accounted with the amplification of that sampling; beside them, the "
+               "100-client rounds above (every client, 20 rounds). Start: the DP statistics' "
+               "start alone. —: not in the preset.", "", *scale_table,
+               "![accuracy against epsilon at scale](privacy_scale.png)", ""]
     replace_durably(REPORT / "privacy.md", "\n".join(privacy))
     privacy_plot(points, REPORT / "privacy.png")
+    privacy_plot(scale_points, REPORT / "privacy_scale.png", "CIFAR-10 IID at scale")
     print("\n".join(lines + privacy))
     return 0
 
