@@ -192,10 +192,14 @@ def start_cell(run: dict | None, clean: float | None) -> str:
     if run is None:
         return "not run"
     start = run["head_init"]
-    out = len(start.get("screened_out", [])) + len(start.get("left_out", []))
+    screened = len(start.get("screened", []))
+    verdict = "" if not screened else \
+        f"; screened {screened}, {'out' if start['screened_out'] else 'kept'}"
+    left = len(start.get("left_out", []))
     own = run["setup"]["seconds"] + start["server_seconds"]
     check = start.get("check_seconds", start.get("screen_seconds"))
-    return (cell(100.0 * run["initial_accuracy"], clean) + (f"; out {out}" if out else "")
+    return (cell(100.0 * run["initial_accuracy"], clean) + verdict
+            + (f"; left out {left}" if left else "")
             + ("" if check is None else f"; check {check / own:.2f}x the start"))
 
 
@@ -203,8 +207,10 @@ def start_check_tables(grids: Grids) -> list[str]:
     axes = grids.presets["robustness-start"].axes
     lines = ["## The start against 10% forging together, by check (seed 0)", "",
              "`conf/robustness-start.toml`, the start alone: its accuracy (%) and, in brackets, "
-             "points against the clean start without a check; out: the clients the check took "
-             "out of the sums; the check's time against the start's own (set-up exchanges and "
+             "points against the clean start without a check; screened: the clients that broke "
+             "the consensus, and whether they went out of the sums together (the start without "
+             "them better on validation rows by the margin) or stayed; left out: the leave-out "
+             "check's, after; the check's time against the start's own (set-up exchanges and "
              "solve).", ""]
     for setting in axes["setting"]:
         clean_run = grids.get("robustness-start", setting=setting, attack="clean", check="none")

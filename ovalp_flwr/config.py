@@ -335,14 +335,15 @@ class RunConfig:
         "`allow` it, and summary.json then gives ε = \"inf\" at every level that release "
         "breaks ([Robustness](robustness.md#differential-privacy)).", DP_UNCOVERED)
     robust_start: str = _key(
-        "none", "start", "`screen`: the server keeps each client's statistics and leaves out "
-        "of the sums (not of the rounds) those that break the consensus of the others: rows "
-        "3x off the median client's mean square norm, a class mean against the median of its "
-        "holders', statistics no rows could give; cheap, and it holds against forgers acting "
-        "together. `leave-out`: the screen, then the start built once without each remaining "
-        "client in turn; a client whose absence raises the start's accuracy on the validation "
-        "rows (`validation-fraction`) by more than `robust-start-margin` is left out too "
-        "([Robustness](robustness.md)).", ROBUST_STARTS)
+        "none", "start", "`screen`: the server keeps each client's statistics, finds those "
+        "that break the consensus of the others (rows 3x off the median client's mean square "
+        "norm, a class mean against the median of its holders', statistics no rows could give) "
+        "and leaves them out of the sums (not of the rounds) together, if the start without "
+        "them is more accurate on the validation rows (`validation-fraction`) by more than "
+        "`robust-start-margin`: two solves, and it holds against forgers acting together. "
+        "`leave-out`: the screen, then the start built once without each remaining client in "
+        "turn; a client whose absence raises the accuracy by more than the margin is left out "
+        "too ([Robustness](robustness.md)).", ROBUST_STARTS)
     robust_start_margin: float = _key(
         0.005, "start", "With `robust-start`: the accuracy gain (a fraction) that leaves a "
         "client out.")
@@ -890,7 +891,7 @@ def choices_made(values: Mapping[str, Any]) -> list[str]:
     validation rows, never the test split."""
     if values.get("finetune", "none") != "none":
         return []
-    made = ["robust-start"] if values.get("robust-start", "none") == "leave-out" else []
+    made = ["robust-start"] if values.get("robust-start", "none") != "none" else []
     if values.get("head-init") == "ridge" and values.get("ridge-lambda") == "auto":
         made.append("ridge-lambda")
     if values.get("weight-decay") == "auto":

@@ -4,7 +4,7 @@ makes the start better is left out, one at a time, and on honest statistics no o
 import numpy as np
 import torch
 
-from ovalp_flwr.core.head_init.leave_out import leave_out_check, without
+from ovalp_flwr.core.head_init.leave_out import group_gain, leave_out_check, without
 from ovalp_flwr.core.head_init.ridge import RidgeInit
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.federation.local_grid import run_local
@@ -53,12 +53,25 @@ def test_the_checked_starts_drop_a_forged_gram_that_the_plain_start_is_hurt_by(c
     assert forged_run["initial_accuracy"] < clean["initial_accuracy"] - 0.2
     for run in (checked, screened):
         assert run["initial_accuracy"] > forged_run["initial_accuracy"] + 0.2
-        (out,) = run["head_init"]["screened_out"]
+        (out,) = run["head_init"]["screened"]
         assert "mean square norm" in out["why"]
+        assert run["head_init"]["screened_out"] and run["head_init"]["screen_gain"] > 0.2
     assert checked["head_init"]["left_out"] == [] and "left_out" not in screened["head_init"]
     assert clean_checked["head_init"]["left_out"] == []
-    assert clean_checked["head_init"]["screened_out"] == []
+    assert clean_checked["head_init"]["screened"] == []
+    assert not clean_checked["head_init"]["screened_out"]
     # the check holds back its validation rows (`validation-fraction` "auto": 0.1); on them it
     # changes nothing
     clean_held = start("clean-held", **{"validation-fraction": 0.1})
     assert clean_checked["initial_accuracy"] == clean_held["initial_accuracy"]
+
+
+def test_a_screened_group_stays_in_when_the_start_is_worse_without_it():
+    """Label skew where the forgers alone hold their classes: leaving them out loses the
+    classes, which costs more than their forgery; the group is judged on validation rows."""
+    rng = np.random.default_rng(1)
+    parts = {node: stats_of(*blobs(rng, 200, [node % 4])) for node in range(4)}
+    rows, labels = blobs(rng, 2000, [0, 1, 2, 3])
+    honest = ClassStatistics.merge(list(parts.values()))
+    assert group_gain(RidgeInit(0.01), honest, parts, [3], rows, labels, 0) < -0.2
+    assert group_gain(RidgeInit(0.01), honest, parts, [], rows, labels, 0) == 0.0

@@ -63,6 +63,6 @@ def test_empty_clients_are_neither_read_as_consensus_nor_screened():
     assert screen(parts) == {}
 
 
-def test_the_screen_scores_nothing_so_it_holds_no_validation_rows_back():
-    assert RunConfig(robust_start="screen").validation_share == 0.0
-    assert RunConfig(robust_start="leave-out").validation_share > 0.0
+def test_the_screens_group_is_judged_on_validation_rows():
+    assert RunConfig(robust_start="screen").validation_share > 0.0
+    assert RunConfig(robust_start="screen").choices == ("robust-start",)

@@ -31,7 +31,7 @@ from flwr.serverapp import Grid
 from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.core.devices import resolve_device
 from ovalp_flwr.core.head_init import HeadInit, make_head_init
-from ovalp_flwr.core.head_init.leave_out import leave_out_check
+from ovalp_flwr.core.head_init.leave_out import group_gain, leave_out_check
 from ovalp_flwr.core.head_init.screen import screen
 from ovalp_flwr.core.head_init.ridge import RidgeInit, lambda_path
 from ovalp_flwr.core.model import initial_adapter, model_from_numpy
@@ -294,37 +294,43 @@ def chosen_penalty(summed: StatisticsSum, validation: ValidationRows | None
 
 
 def checked_start(config: RunConfig, init: HeadInit, setup: SetUp,
-                  validation: ValidationRows | None) -> dict:
+                  validation: ValidationRows) -> dict:
     """`robust-start`: the clients whose statistics break the others' consensus
-    (`head_init.screen`) and, under "leave-out", those whose absence makes the start more
-    accurate on the validation rows (`head_init.leave_out`; never the test split), taken out
-    of its sums; what `summary.json` says of them. They stay in the rounds, where
-    `robust-aggregation` bounds their updates: under label skew a client may hold a class
-    alone, and only its rounds can teach it."""
+    (`head_init.screen`), taken out of the start's sums together if the start without them
+    scores more than `robust-start-margin` higher on the validation rows (never the test
+    split); under "leave-out", then, one at a time, those whose absence does
+    (`head_init.leave_out`). What `summary.json` says of them. They stay in the rounds, where
+    `robust-aggregation` bounds their updates: under label skew a client may hold a class alone,
+    and only its rounds can teach it."""
     summed = setup.statistics
     if summed.total is None:
         return {}
     started = time.perf_counter()
     partition = {node: int(setup.clients[node][p.PARTITION_ID]) for node in setup.clients}
-    screened = screen(summed.kept)
     held = len(summed.kept)
-    summed.drop(list(screened))
-    found = {"screened_out": [{"partition": partition[node], "why": why}
-                              for node, why in sorted(screened.items(), key=lambda i: partition[i[0]])],
-             "screen_seconds": time.perf_counter() - started}
-    say(INFO, "robust-start: %d of %d clients screened out of the start's sums%s",
-        len(screened), held, "".join(f"; partition {partition[n]}: {why}"
-                                     for n, why in list(screened.items())[:3]))
+    screened = screen(summed.kept)
+    gain = group_gain(init, summed.total, summed.kept, list(screened), validation.features,
+                      validation.labels, config.seed)
+    out = gain > config.robust_start_margin
+    if out:
+        summed.drop(list(screened))
+    found = {"screened": [{"partition": partition[node], "why": why}
+                          for node, why in sorted(screened.items(), key=lambda i: partition[i[0]])],
+             "screen_gain": gain, "screened_out": out,
+             "screen_seconds": time.perf_counter() - started, "checked_on": "validation"}
+    say(INFO, "robust-start: %d of %d clients break the consensus; without them the start "
+        "scores %+.4f on the validation rows: %s%s", len(screened), held, gain,
+        "taken out" if out else "kept", "".join(f"; partition {partition[n]}: {why}"
+                                                for n, why in list(screened.items())[:3]))
     if config.robust_start != "leave-out":
         return found
-    assert validation is not None, "config validation: leave-out needs validation rows"
     check = leave_out_check(init, summed.total, summed.kept, validation.features,
                             validation.labels, config.seed, config.robust_start_margin)
     summed.drop(check.left_out)
     say(INFO, "robust-start: %d of %d clients left out (start %.4f with the rest, on %d "
-        "validation rows; %.1f s)", len(check.left_out), held - len(screened), check.accuracy,
-        len(validation.labels), time.perf_counter() - started)
-    return {**found, "check_accuracy": check.accuracy, "checked_on": "validation",
+        "validation rows; %.1f s)", len(check.left_out), len(summed.kept) + len(check.left_out),
+        check.accuracy, len(validation.labels), time.perf_counter() - started)
+    return {**found, "check_accuracy": check.accuracy,
             "left_out": [partition[node] for node in check.left_out], "gains": check.gains,
             "check_seconds": time.perf_counter() - started}
 
