@@ -18,7 +18,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import sys, torch, timm, peft, transformers, flwr
+  python3 -c "import sys, torch, timm, peft, transformers, flwr, dp_accounting, server_app
 print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       'timm', timm.__version__, 'peft', peft.__version__, 'transformers',
       transformers.__version__, 'flwr', flwr.__version__)"; } 2>&1 | tee "$OUT/env.txt"
