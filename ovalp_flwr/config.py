@@ -351,6 +351,12 @@ class RunConfig:
         "plain", "start", "How the server sums the clients' statistics: `plain`, as they come, "
         "or `secagg+`, under Flower's SecAgg+, which shows it only their sum.",
         STATISTICS_AGGREGATIONS)
+    secagg_dropouts: float = _key(
+        0.0, "start", "With `secagg+`: the share of the clients holding data that may drop out "
+        "of the secure sum, whose start is then built from the rest (`0`: any drop-out ends "
+        "the run). Under distributed DP each client's share of the noise is sized for the "
+        "fewest survivors this allows, so every sum accepted carries a whole release's noise "
+        "([Robustness](robustness.md#distributed-dp-and-drop-outs)).")
     fraction_train: float = _key(
         1.0, "rounds", "The share of clients sampled per round (seeded by `seed` and the "
         "round), in (0, 1].")
@@ -560,6 +566,11 @@ class RunConfig:
         self._check_privacy()
         _one_of("head-init", self.head_init, HEAD_INITS)
         _one_of("statistics-aggregation", self.statistics_aggregation, STATISTICS_AGGREGATIONS)
+        if not 0 <= self.secagg_dropouts < 1:
+            raise ConfigError("secagg-dropouts", self.secagg_dropouts, "use a share in [0, 1)")
+        if self.secagg_dropouts > 0 and self.statistics_aggregation != "secagg+":
+            raise ConfigError("secagg-dropouts", self.secagg_dropouts, 'only the secure sum '
+                              'tolerates drop-outs: use statistics-aggregation="secagg+", or 0')
         _one_of("pft-global", self.pft_global, PFT_GLOBALS)
         if self.ridge_lambda != "auto" and (isinstance(self.ridge_lambda, str)
                                             or not self.ridge_lambda > 0):

@@ -81,7 +81,11 @@ def test_the_statistics_noise_is_scaled_per_block_by_what_replacing_one_example_
     gram_std = scale * math.sqrt(2) * clip ** 2  # ‖xxᵀ - x'x'ᵀ‖_F ≤ √2·C²
     noise = noisy.gram - gram_shift(gram_std, d) * np.eye(d)
     assert noise[np.triu_indices(d, 1)].std() == pytest.approx(gram_std, rel=0.05)
-    assert np.linalg.eigvalsh(noisy.gram).min() > 0  # the shift keeps it positive definite
+    # the noise's spectrum reaches down to about -shift; the shift lifts its bottom to about 0
+    # (Tracy-Widom's spread around the semicircle's edge: ±2.5% of the shift at D = 300)
+    shift = gram_shift(gram_std, d)
+    assert np.linalg.eigvalsh(noise).min() < -0.9 * shift
+    assert np.linalg.eigvalsh(noisy.gram).min() > -0.1 * shift
     assert np.allclose(noisy.gram, noisy.gram.T)
     again = private_statistics(stats, 1.5, clip=clip)
     assert np.abs(noisy.sums - again.sums).min() > 0 and not np.array_equal(noisy.gram, again.gram)
@@ -175,10 +179,10 @@ def test_shares_of_the_noise_add_up_to_one_release():
     assert entries(central).std() == pytest.approx(expected, rel=0.1)
 
 
-def test_under_secagg_each_client_adds_its_share_and_the_server_sees_only_the_noisy_sum(
-        cache_dir, tmp_path, monkeypatch):
-    """Distributed DP: the sum SecAgg+ hands the server is off the exact one by one release's
-    noise, and the server adds none of its own."""
+def distributed_release(cache_dir, tmp_path, monkeypatch, **overrides):
+    """A distributed-DP start under SecAgg+ (12 clients) and the same run without noise: the
+    summary, and the noisy sum's deviation from the exact one in units of one release's std
+    (σ · √2 · 2C on the class sums); the server's own noise fails the test."""
     from ovalp_flwr.ova import server
 
     received, starts = [], []
@@ -190,15 +194,35 @@ def test_under_secagg_each_client_adds_its_share_and_the_server_sees_only_the_no
         starts.append(summed.total) or initial_head(config, init, summed, cache)))
     options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir), "partition": "iid",
                "results-dir": str(tmp_path), "num-server-rounds": 0, **PRIVATE,
-               "statistics-aggregation": "secagg+", "dp-statistics-epsilon": 1.0}
+               "statistics-aggregation": "secagg+", "dp-statistics-epsilon": 1.0, **overrides}
     summary = read_summary(run_local({**options, "run-name": "secure"}, 12))
     run_local({**options, "run-name": "exact", "dp-statistics-epsilon": 0.0}, 12)
-    assert summary["privacy"]["statistics"]["trust"] == "distributed"
-    assert set(summary["privacy"]["trust"]) == {"distributed"}
     (noisy,), exact = received, starts[1]
     sigma = summary["privacy"]["statistics"]["noise_multiplier"]
     deviation = (noisy.sums - exact.sums).ravel()  # SecAgg+'s quantisation: ~1e-5 of this
-    assert deviation.std() == pytest.approx(sigma * math.sqrt(4) * 2 * 1.0, rel=0.15)
+    return summary, deviation.std() / (sigma * math.sqrt(4) * 2 * 1.0)
+
+
+def test_under_secagg_each_client_adds_its_share_and_the_server_sees_only_the_noisy_sum(
+        cache_dir, tmp_path, monkeypatch):
+    """Distributed DP: the sum SecAgg+ hands the server is off the exact one by one release's
+    noise, and the server adds none of its own."""
+    summary, releases_std = distributed_release(cache_dir, tmp_path, monkeypatch)
+    assert summary["privacy"]["statistics"]["trust"] == "distributed"
+    assert set(summary["privacy"]["trust"]) == {"distributed"}
+    assert summary["head_init"]["noise_releases"] == 1.0
+    assert releases_std == pytest.approx(1.0, rel=0.15)
+
+
+def test_noise_shares_are_sized_for_the_fewest_survivors_drop_outs_allow(cache_dir, tmp_path,
+                                                                         monkeypatch):
+    """With half the clients allowed to drop out, each share is sized for 6 of 12: the six
+    fewest still make one release; all twelve back make two releases' variance (√2 the std)."""
+    summary, releases_std = distributed_release(cache_dir, tmp_path, monkeypatch,
+                                                **{"secagg-dropouts": 0.5})
+    assert summary["head_init"]["noise_releases"] == 2.0
+    assert summary["head_init"]["secagg_dropped"] == []
+    assert releases_std == pytest.approx(math.sqrt(2), rel=0.15)
 
 
 def test_sampling_amplifies_the_rounds_as_the_strategy_draws_them():

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import client_app
+from flwr.app import Error, Message
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation import secure_sum
 from ovalp_flwr.config import RunConfig
@@ -19,24 +20,40 @@ CLIENTS = 12
 
 
 class Recording(InProcessGrid):
-    """Keeps every reply the server receives, to show what it could see."""
+    """Keeps every reply the server receives, to show what it could see; the partitions in
+    `gone` drop out of SecAgg+ before they upload their masked vector (plain: never connect)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, gone=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.replies = []
+        self.gone = {node for node, context in self.contexts.items()  # partitions -> nodes
+                     if context.node_config["partition-id"] in set(gone)}
+        self.secure = args[2]["statistics-aggregation"] == "secagg+"  # the run config
+        if not self.secure:  # plain: never connected, so the others' sums are the reference
+            self.offline |= self.gone
 
     def _deliver(self, message):
+        if message.metadata.dst_node_id in self.gone and _drops_out_at(message, self.secure):
+            return Message(error=Error(code=0, reason="dropped out"), reply_to=message)
         reply = super()._deliver(message)
         self.replies.append(reply)
         return reply
 
 
-def run(cache_dir, tmp_path, aggregation, partition="shard", clients=CLIENTS, **overrides):
+def _drops_out_at(message, secure: bool) -> bool:
+    from flwr.common.secure_aggregation.secaggplus_constants import Key, Stage
+
+    secagg = message.content.config_records.get(p.SECAGG_CONFIGS)
+    return secagg is not None and secagg.get(Key.STAGE) == Stage.COLLECT_MASKED_VECTORS
+
+
+def run(cache_dir, tmp_path, aggregation, partition="shard", clients=CLIENTS, gone=(),
+        **overrides):
     """One run without rounds; the summed statistics as the server got them, and the grid."""
     config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(cache_dir),
               "results-dir": str(tmp_path / aggregation), "run-name": "t", "partition": partition,
               "num-server-rounds": 0, "statistics-aggregation": aggregation, **overrides}
-    grid = Recording(client_app.app, clients, config)
+    grid = Recording(client_app.app, clients, config, gone=gone)
     sums = []
     original = StatisticsSum.__init__
 
@@ -103,7 +120,7 @@ def test_a_client_whose_statistics_exceed_the_clipping_range_stops_the_run_namin
         cache_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(secure_sum, "CLIPPING_RANGE", 0.5)
     with pytest.raises(FederationError, match=r"statistics-aggregation='secagg\+': SecAgg\+ did "
-                       r"not complete .* said: .*outside SecAgg\+'s clipping range ±0.5"):
+                       r"not complete.* said: .*outside SecAgg\+'s clipping range ±0.5"):
         run(cache_dir, tmp_path, "secagg+")
 
 
@@ -133,3 +150,34 @@ def test_secagg_runs_whole_federations_and_small_ones(cache_dir, tmp_path):
         "partition": "iid"}, 3))
     assert summary["head_init"]["aggregation"] == "secagg+" and summary["initial_accuracy"] > 0.85
     assert [r["clients_trained"] for r in summary["rounds"]] == [3, 3]
+
+
+def test_a_client_dropping_out_of_secagg_ends_the_run_unless_drop_outs_are_allowed(cache_dir,
+                                                                                   tmp_path):
+    victim = 3  # a partition
+    with pytest.raises(FederationError, match=r"no client may drop out \(secagg-dropouts = 0\)"):
+        run(cache_dir, tmp_path, "secagg+", gone={victim})
+    rows = {"feature-norm": "l2"}  # each row on its own: the same rows whoever takes part
+    plain, plain_sums, _ = run(cache_dir, tmp_path, "plain", gone={victim}, **rows)
+    secure, secure_sums, _ = run(cache_dir, tmp_path / "allowed", "secagg+", gone={victim},
+                                 **rows, **{"secagg-dropouts": 0.25})
+    assert secure_sums.num_samples == plain_sums.num_samples  # the eleven others' rows
+    for field in ("counts", "sums", "square_norms", "gram"):
+        exact, masked = getattr(plain_sums, field), getattr(secure_sums, field)
+        np.testing.assert_allclose(masked, exact, atol=1e-5 * np.abs(exact).max())
+    assert secure["head_init"]["clients_sent"] == CLIENTS - 1
+    assert secure["head_init"]["secagg_dropped"] == [victim]
+    with pytest.raises(FederationError, match=r"it needs 11 clients holding data back"):
+        run(cache_dir, tmp_path / "two", "secagg+", gone={victim, victim + 5},
+            **{"secagg-dropouts": 0.1})  # 12 - floor(1.2) = 11 needed, 10 came back
+
+
+def test_drop_outs_need_the_secure_sum_and_a_share_below_one():
+    from ovalp_flwr.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r'secagg-dropouts.*statistics-aggregation="secagg\+"'):
+        RunConfig.from_mapping({"secagg-dropouts": 0.1})
+    with pytest.raises(ConfigError, match=r"secagg-dropouts.*\[0, 1\)"):
+        RunConfig.from_mapping({"secagg-dropouts": 1.0, "statistics-aggregation": "secagg+"})
+    assert [secure_sum.fewest_survivors(12, share) for share in (0, 0.1, 0.25, 0.5, 0.99)] \
+        == [12, 11, 9, 6, 1]

@@ -27,6 +27,7 @@ What SecAgg+ costs, as the workflow works:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,17 +68,31 @@ def statistics_range(row_norm: float | None, noise_std: float = 0.0) -> float:
     return max(1.0, row_norm ** 2) + 8.0 * noise_std
 
 
+def fewest_survivors(holders: int, dropouts: float) -> int:
+    """How many of `holders` clients holding data a secure sum needs back when a share
+    `dropouts` of them may drop out (`secagg-dropouts`); at least one."""
+    return max(holders - math.floor(dropouts * holders + 1e-9), 1)
+
+
 def secure_statistics(grid: Grid, nodes: list[int], request: dict, sizes: dict[int, int],
-                      num_features: int, clipping_range: float = CLIPPING_RANGE
-                      ) -> ClassStatistics | None:
-    """Every node's statistics summed under SecAgg+: the server sees their sum and each
-    node's sample count (`sizes`, from `describe`), nothing else of them. None if the protocol
-    halted (too many clients failed; their errors are in the grid's replies)."""
+                      num_features: int, clipping_range: float = CLIPPING_RANGE,
+                      fewest: int | None = None) -> tuple[ClassStatistics, set[int]] | None:
+    """Every node's statistics summed under SecAgg+, and the nodes whose statistics are in the
+    sum: the server sees the sum and each node's sample count (`sizes`, from `describe`),
+    nothing else of them. With `fewest`, a sum that SecAgg+ completed without some nodes is
+    kept when at least that many nodes holding data are in it (their counts make its total);
+    without, every node must be. None if the protocol halted or too few came back (their
+    errors are in the grid's replies)."""
     average = secure_average(grid, nodes, request, sizes, clipping_range=clipping_range)
-    if average is None or average.contributors != set(nodes):
+    if average is None:
         return None
+    holders = {node for node in nodes if sizes[node]}
+    if len(holders & average.contributors) < (len(holders) if fewest is None else fewest) \
+            or (fewest is None and average.contributors != set(nodes)):
+        return None
+    total = sum(sizes[node] for node in average.contributors)
     return ClassStatistics.from_per_sample_vector(
-        average.vector, sum(sizes.values()), int(request[p.NUM_CLASSES]), num_features)
+        average.vector, total, int(request[p.NUM_CLASSES]), num_features), average.contributors
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ class StatisticsSum:
         self.senders = 0
         self.wire_bytes = 0.0
         self.secure = False
+        self.dropped: list[int] = []  # partitions holding data that dropped out of a secure sum
+        self.noise_shares = 0  # distributed DP: the senders each share of the noise was sized for
 
     @property
     def total(self) -> ClassStatistics | None:
@@ -57,21 +59,30 @@ class StatisticsSum:
         self._total, self._packed = value, None
 
     def add_secure(self, grid: Grid, clients: dict[int, dict], request: dict, num_features: int,
-                   costs: SetupCosts, clipping_range: float = CLIPPING_RANGE) -> None:
-        """Flower's SecAgg+ (`secure_sum`): only the sum and the sample counts are seen."""
+                   costs: SetupCosts, clipping_range: float = CLIPPING_RANGE,
+                   fewest: int | None = None) -> None:
+        """Flower's SecAgg+ (`secure_sum`): only the sum and the sample counts are seen. With
+        `fewest`, clients holding data may drop out while at least that many stay in the sum
+        (`dropped` names their partitions)."""
         sizes = {node: int(c[p.NUM_EXAMPLES]) for node, c in clients.items()}
         counted = CountingGrid(grid)
         started = time.perf_counter()
-        total = secure_statistics(counted, list(clients), request, sizes, num_features,
-                                  clipping_range)
+        summed = secure_statistics(counted, list(clients), request, sizes, num_features,
+                                   clipping_range, fewest)
         costs.add(counted.sent, counted.received, time.perf_counter() - started)
-        if total is None:
+        if summed is None:
             said = f"; node {counted.errors[0][0]} said: {counted.errors[0][1]}" if counted.errors \
                 else ""
-            raise FederationError(f"statistics-aggregation='secagg+': SecAgg+ did not complete "
-                                  f"({len(counted.errors)} client error(s)){said}")
-        self.total = total
-        self.senders, self.secure = sum(1 for n in sizes.values() if n), True
+            allowed = ("no client may drop out (secagg-dropouts = 0)" if fewest is None
+                       else f"it needs {fewest} clients holding data back")
+            raise FederationError(f"statistics-aggregation='secagg+': SecAgg+ did not complete; "
+                                  f"{allowed} ({len(counted.errors)} client error(s)){said}")
+        self.total, contributors = summed
+        self.dropped = sorted(int(clients[node][p.PARTITION_ID]) for node in clients
+                              if sizes[node] and node not in contributors)
+        self.senders = sum(1 for node in contributors if sizes[node])
+        self.noise_shares = int(request.get(p.NOISE_SHARES, 0))
+        self.secure = True
         self.wire_bytes = sum(message_bytes(c) for c in counted.received) / max(len(clients), 1)
 
     def add(self, content: RecordDict, node: int = 0) -> None:

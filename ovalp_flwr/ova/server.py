@@ -46,7 +46,7 @@ from ovalp_flwr.federation.exchange import FederationError, SetupCosts, wait_for
 from ovalp_flwr.federation.node import all_partitions, held_rows, partition_spec, resolve_path
 from ovalp_flwr.federation.privacy import (postprocessed, privacy_report, statistics_noise,
                                            statistics_noise_share, statistics_sensitivities)
-from ovalp_flwr.federation.secure_sum import statistics_range
+from ovalp_flwr.federation.secure_sum import fewest_survivors, statistics_range
 from ovalp_flwr.federation.results import default_run_name, write_run
 from ovalp_flwr.federation.resume import Checkpoints, resumable
 from ovalp_flwr.federation.rounds import equal_share_steps, make_strategy, train_reply_check
@@ -193,15 +193,28 @@ def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeature
     if secure:
         summed.add_secure(grid, clients, {**request, **_noise_shares(config, clients),
                                           p.NORM_DIGEST: norm.digest() if norm else ""},
-                          cache.train.x.shape[1], costs, _statistics_range(config, clients))
+                          cache.train.x.shape[1], costs, _statistics_range(config, clients),
+                          _fewest_back(config, clients))
     return SetUp(clients, partition, norm, summed, costs)
 
 
+def _fewest_back(config: RunConfig, clients: dict[int, dict]) -> int | None:
+    """The fewest clients holding data the secure sum may be built from (`secagg-dropouts`);
+    None: every one of them."""
+    if config.secagg_dropouts <= 0:
+        return None
+    holders = sum(1 for c in clients.values() if int(c[p.NUM_EXAMPLES]) > 0)
+    return fewest_survivors(holders, config.secagg_dropouts)
+
+
 def _noise_shares(config: RunConfig, clients: dict[int, dict]) -> dict:
-    """Distributed DP: every client holding data adds its share of the noise before masking."""
+    """Distributed DP: every client holding data adds its share of the noise before masking,
+    sized for the fewest that may come back, so that any sum accepted carries one release's
+    noise (more when fewer drop out)."""
     if config.dp_statistics_epsilon <= 0:
         return {}
-    return {p.NOISE_SHARES: sum(1 for c in clients.values() if int(c[p.NUM_EXAMPLES]) > 0)}
+    holders = sum(1 for c in clients.values() if int(c[p.NUM_EXAMPLES]) > 0)
+    return {p.NOISE_SHARES: _fewest_back(config, clients) or holders}
 
 
 def _statistics_range(config: RunConfig, clients: dict[int, dict]) -> float:
@@ -235,6 +248,10 @@ def initial_head(config: RunConfig, init: HeadInit, summed: StatisticsSum,
             "statistics_bytes_per_client": summed.wire_bytes if summed.secure
             else summed.wire_bytes / summed.senders if summed.senders else 0.0,
             "server_seconds": seconds}
+    if summed.secure:
+        info["secagg_dropped"] = summed.dropped
+    if summed.noise_shares:  # distributed DP: the sum holds senders / shares releases' variance
+        info["noise_releases"] = summed.senders / summed.noise_shares
     if init.statistics != "none":
         say(INFO, "head-init %s: statistics from %d clients (%.0f kB each), built in %.2f s",
             init.name, summed.senders, info["statistics_bytes_per_client"] / 1e3, seconds)
