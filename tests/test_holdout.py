@@ -140,9 +140,10 @@ def with_test_labels_permuted(monkeypatch):
 
 
 def test_permuting_the_test_labels_changes_no_choice_a_run_makes(cache_dir, tmp_path, monkeypatch):
-    """A forger the start check leaves out (its class sums negated, in classes two clients hold:
-    no consensus screens it), and the best round: both chosen on validation rows,
-    so the test split's labels, shuffled, move the scores and nothing else."""
+    """A forger the start check finds (its class sums negated, in classes two clients hold: no
+    consensus sees it, its own moments do) and mends or leaves out, and the best round: all
+    chosen on validation rows, so the test split's labels, shuffled, move the scores and
+    nothing else."""
     options = {"encoder": "pixels", "feature-cache-dir": str(cache_dir), "num-server-rounds": 3,
                "results-dir": str(tmp_path), "partition": "shard", "attack": "stats-flip",
                "attack-fraction": 0.1, "ridge-lambda": 0.001, "robust-start": "leave-out",
@@ -152,10 +153,14 @@ def test_permuting_the_test_labels_changes_no_choice_a_run_makes(cache_dir, tmp_
     shuffled = read_summary(run_local({**options, "run-name": "shuffled"}, 10))
 
     def choices(summary):
-        return (summary["head_init"]["left_out"], summary["head_init"]["gains"],
-                summary["head_init"]["check_accuracy"], summary["best_val_round"],
+        start = summary["head_init"]
+        return (start["screened"], start["screen_gain"], start["repair_gain"],
+                start["screen_repaired"], start["screened_out"], start["left_out"], start["gains"],
+                start["check_accuracy"], summary["best_val_round"],
                 [r["val_accuracy"] for r in summary["rounds"]], summary["validation"])
-    assert len(honest["head_init"]["left_out"]) == 1  # the forger: there was a choice to make
+    (forger,) = honest["head_init"]["screened"]  # there was a choice to make: mend it or not
+    assert forger["why"].startswith("class sums off the total its moments give")
+    assert honest["head_init"]["screen_repaired"]
     assert honest["head_init"]["checked_on"] == "validation"
     assert choices(shuffled) == choices(honest)
     assert shuffled["final_accuracy"] < honest["final_accuracy"] - 0.3  # the test split did move

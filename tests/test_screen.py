@@ -5,8 +5,9 @@ import numpy as np
 import torch
 
 from ovalp_flwr.config import RunConfig
-from ovalp_flwr.core.head_init.screen import screen
+from ovalp_flwr.core.head_init.screen import repaired, screen
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
+from ovalp_flwr.core.normalize import standardized_totals
 
 CLASSES = 4
 
@@ -66,3 +67,35 @@ def test_empty_clients_are_neither_read_as_consensus_nor_screened():
 def test_the_screens_group_is_judged_on_validation_rows():
     assert RunConfig(robust_start="screen").validation_share > 0.0
     assert RunConfig(robust_start="screen").choices == ("robust-start",)
+
+
+def standardised_federation(clients: int = 6):
+    """Clients each holding one class alone (no consensus anywhere), with the moments they
+    described and their statistics of rows standardised by the federation's mean and std."""
+    from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
+
+    rng = np.random.default_rng(1)
+    raw = {node: (np.abs(np.eye(8)[node % CLASSES] * 3.0 + rng.normal(size=(50 + node, 8))),
+                  np.full(50 + node, node % CLASSES)) for node in range(clients)}
+    moments = {node: FeatureMoments.of(rows) for node, (rows, _) in raw.items()}
+    norm = NormStats.from_moments(FeatureMoments.merge(list(moments.values())))
+    parts = {node: ClassStatistics.of(torch.from_numpy(normalize("standardize", rows, norm)),
+                                      torch.from_numpy(labels), CLASSES, True)
+             for node, (rows, labels) in raw.items()}
+    return parts, {node: standardized_totals(m, norm) for node, m in moments.items()}
+
+
+def test_a_forger_is_held_to_its_own_moments_where_no_consensus_can_judge_it():
+    parts, described = standardised_federation()
+    assert screen(parts, described) == {}  # honest: their statistics total their moments
+    for kind, why in (("stats-flip", "class sums off the total its moments give"),
+                      ("stats-gram", "square norms 10x what its moments give")):
+        honest = parts[0]
+        lying = {**parts, 0: forged(honest, kind)}
+        if kind == "stats-flip":  # it alone holds class 0: the consensus cannot see it
+            assert screen(lying) == {}
+        assert screen(lying, described)[0].startswith(why)
+        mended = repaired(lying[0], described[0])  # one class: its own word gives it back
+        for field in ("counts", "sums", "square_norms", "gram"):
+            np.testing.assert_allclose(getattr(mended, field), getattr(honest, field),
+                                       rtol=1e-5, atol=1e-5)

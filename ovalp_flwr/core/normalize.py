@@ -68,6 +68,16 @@ class NormStats:
         return hashlib.sha256(self.mean.tobytes() + self.std.tobytes()).hexdigest()[:16]
 
 
+def standardized_totals(moments: FeatureMoments, stats: NormStats) -> tuple[np.ndarray, float]:
+    """What a client's rows, standardised with `stats`, add up to by the moments it described:
+    their sum and the sum of their square norms, which its class statistics' sums and square
+    norms must total (`head_init.screen` holds each client to its own word)."""
+    mean, std = stats.mean.astype(np.float64), stats.std.astype(np.float64)
+    total = (moments.total - moments.count * mean) / std
+    square = (moments.total_sq - 2 * mean * moments.total + moments.count * mean ** 2) / std ** 2
+    return total, float(square.sum())
+
+
 def _l2(features: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(features, axis=1, keepdims=True)
     return features / np.maximum(norms, 1e-12)

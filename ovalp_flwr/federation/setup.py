@@ -13,9 +13,10 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from ovalp_flwr.core.head_init.leave_out import without
+from ovalp_flwr.core.head_init.leave_out import changed, without
 from ovalp_flwr.core.head_init.statistics import ClassStatistics, wire_bytes
-from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats
+from ovalp_flwr.core.normalize import (NEEDS_STATS, FeatureMoments, NormStats,
+                                      standardized_totals)
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.features.cache import CachedFeatures
 from ovalp_flwr.federation import protocol as p
@@ -117,6 +118,23 @@ class StatisticsSum:
             del self.parts[node]
             self.senders -= 1
         self.total = total
+
+    def replace(self, changes: Mapping[int, ClassStatistics]) -> None:
+        """Kept clients' statistics replaced in the sum (the screen's repairs)."""
+        self.total = changed(self.total, self.kept, changes)
+        for node, new in changes.items():
+            self.parts[node] = new.to_arrays()
+
+    def described(self, clients: dict[int, dict], norm: NormStats | None
+                  ) -> dict[int, tuple[np.ndarray, float]]:
+        """What each kept client's standardised rows total by the moments it described
+        (`normalize.standardized_totals`); empty where the run has no moments."""
+        if norm is None or self.parts is None:
+            return {}
+        return {node: standardized_totals(FeatureMoments(
+            int(clients[node][p.NUM_EXAMPLES]), clients[node][p.MOMENTS]["sum"],
+            clients[node][p.MOMENTS]["sum-sq"]), norm)
+            for node in self.parts if p.MOMENTS in clients.get(node, {})}
 
 
 class KeptStatistics(Mapping[int, ClassStatistics]):

@@ -31,8 +31,8 @@ from flwr.serverapp import Grid
 from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.core.devices import resolve_device
 from ovalp_flwr.core.head_init import HeadInit, make_head_init
-from ovalp_flwr.core.head_init.leave_out import group_gain, leave_out_check
-from ovalp_flwr.core.head_init.screen import screen
+from ovalp_flwr.core.head_init.leave_out import gains, leave_out_check
+from ovalp_flwr.core.head_init.screen import against_its_word, repaired, screen
 from ovalp_flwr.core.head_init.ridge import RidgeInit, lambda_path
 from ovalp_flwr.core.model import initial_adapter, model_from_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, NormStats, normalize
@@ -312,11 +312,11 @@ def chosen_penalty(summed: StatisticsSum, validation: ValidationRows | None
 
 def checked_start(config: RunConfig, init: HeadInit, setup: SetUp,
                   validation: ValidationRows) -> dict:
-    """`robust-start`: the clients whose statistics break the others' consensus
-    (`head_init.screen`), taken out of the start's sums together if the start without them
-    scores more than `robust-start-margin` higher on the validation rows (never the test
-    split); under "leave-out", then, one at a time, those whose absence does
-    (`head_init.leave_out`). What `summary.json` says of them. They stay in the rounds, where
+    """`robust-start`: the clients whose statistics break the others' consensus or their own
+    moments (`head_init.screen`), taken out of the start's sums together, or those that broke
+    their moments mended to agree with them, whichever scores more than `robust-start-margin`
+    higher on the validation rows (never the test split), else kept; under "leave-out", then,
+    one at a time, those whose absence does (`head_init.leave_out`). What `summary.json` says of them. They stay in the rounds, where
     `robust-aggregation` bounds their updates: under label skew a client may hold a class alone,
     and only its rounds can teach it."""
     summed = setup.statistics
@@ -324,21 +324,32 @@ def checked_start(config: RunConfig, init: HeadInit, setup: SetUp,
         return {}
     started = time.perf_counter()
     partition = {node: int(setup.clients[node][p.PARTITION_ID]) for node in setup.clients}
-    held = len(summed.kept)
-    screened = screen(summed.kept)
-    gain = group_gain(init, summed.total, summed.kept, list(screened), validation.features,
-                      validation.labels, config.seed)
-    out = gain > config.robust_start_margin
-    if out:
+    held, kept = len(summed.kept), summed.kept
+    described = (summed.described(setup.clients, setup.norm)
+                 if config.feature_norm == "standardize" else {})
+    screened = screen(kept, described)
+    mended = {node: repaired(kept[node], described[node]) for node in screened
+              if node in described and against_its_word(kept[node], described[node])}
+    candidates = {"out": dict.fromkeys(screened), **({"repaired": mended} if mended else {})}
+    gain = gains(init, summed.total, kept, candidates if screened else {}, validation.features,
+                 validation.labels, config.seed)
+    chosen = max(gain, key=gain.get) if gain and max(gain.values()) > \
+        config.robust_start_margin else None
+    if chosen == "out":
         summed.drop(list(screened))
+    elif chosen == "repaired":
+        summed.replace(mended)
     found = {"screened": [{"partition": partition[node], "why": why}
                           for node, why in sorted(screened.items(), key=lambda i: partition[i[0]])],
-             "screen_gain": gain, "screened_out": out,
+             "screen_gain": gain.get("out", 0.0), "screened_out": chosen == "out",
+             "repair_gain": gain.get("repaired"), "screen_repaired": chosen == "repaired",
              "screen_seconds": time.perf_counter() - started, "checked_on": "validation"}
-    say(INFO, "robust-start: %d of %d clients break the consensus; without them the start "
-        "scores %+.4f on the validation rows: %s%s", len(screened), held, gain,
-        "taken out" if out else "kept", "".join(f"; partition {partition[n]}: {why}"
-                                                for n, why in list(screened.items())[:3]))
+    say(INFO, "robust-start: %d of %d clients break the consensus or their own moments (%d "
+        "mendable); on the validation rows, without them %+.4f, mended %s: %s%s",
+        len(screened), held, len(mended), gain.get("out", 0.0),
+        "-" if "repaired" not in gain else f"{gain['repaired']:+.4f}",
+        {"out": "taken out", "repaired": "mended"}.get(chosen, "kept"),
+        "".join(f"; partition {partition[n]}: {why}" for n, why in list(screened.items())[:3]))
     if config.robust_start != "leave-out":
         return found
     check = leave_out_check(init, summed.total, summed.kept, validation.features,

@@ -57,17 +57,35 @@ def gains_without_each(init: HeadInit, total: ClassStatistics,
                   for node in nodes}
 
 
+def changed(total: ClassStatistics, parts: Mapping[int, ClassStatistics],
+            changes: Mapping[int, ClassStatistics | None]) -> ClassStatistics:
+    """`total` with some clients' statistics taken out (None) or replaced."""
+    for node, new in changes.items():
+        total = without(total, parts[node])
+        if new is not None:
+            total = ClassStatistics.merge([total, new])
+    return total
+
+
+def gains(init: HeadInit, total: ClassStatistics, parts: Mapping[int, ClassStatistics],
+          candidates: Mapping[str, Mapping[int, ClassStatistics | None]], features: np.ndarray,
+          labels: np.ndarray, seed: int) -> dict[str, float]:
+    """How much more accurate the start is under each candidate change (`changed`) than as
+    sent: one solve each, and one for the start as sent."""
+    if not candidates:
+        return {}
+    base = accuracy(init, total, features, labels, seed)
+    return {name: accuracy(init, changed(total, parts, change), features, labels, seed) - base
+            for name, change in candidates.items()}
+
+
 def group_gain(init: HeadInit, total: ClassStatistics, parts: Mapping[int, ClassStatistics],
                group: list[int], features: np.ndarray, labels: np.ndarray, seed: int) -> float:
     """How much more accurate the start is without `group` (together): two solves. 0 for an
     empty group."""
     if not group:
         return 0.0
-    rest = total
-    for node in group:
-        rest = without(rest, parts[node])
-    return accuracy(init, rest, features, labels, seed) - accuracy(init, total, features, labels,
-                                                                   seed)
+    return gains(init, total, parts, {"out": dict.fromkeys(group)}, features, labels, seed)["out"]
 
 
 def leave_out_check(init: HeadInit, total: ClassStatistics,

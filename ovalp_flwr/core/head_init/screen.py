@@ -14,9 +14,16 @@ their statistics disagree with the median client's, each on its own, whatever th
   (`stats-flip`) point away from it (cosine about -0.9); honest ones toward it (0.65 or more).
 - **Consistency**: a class mean's square norm cannot exceed its rows' mean square norm
   (Cauchy-Schwarz): statistics that break it were not computed from rows.
+- **Its own word**: under `feature-norm = "standardize"` each client first described its rows'
+  moments (count, per-feature sums and square sums), from which the server made the global
+  mean and std. Its standardised class sums must then total (S - n·μ)/σ and its square norms
+  Σ (Q - 2μS + nμ²)/σ² (`normalize.standardized_totals`), to float error. Negated sums or a
+  Gram ×10 break that whoever else holds their classes; `repaired` makes such a client agree
+  with its own moments (its class means moved by one common vector, its square norms and Gram
+  rescaled), which mends exactly those two forgeries.
 
-A class one client holds alone has no consensus to break: its forgery and its data are the same
-rows (docs/robustness.md). The screen reads each client's counts, sums and square norms once,
+A class one client holds alone has no consensus to break: only a client's own moments can
+contradict its forgery there (docs/robustness.md). The screen reads each client's counts, sums and square norms once,
 never its Gram matrix: O(clients · classes · D), nothing beside the start's solve.
 """
 
@@ -31,6 +38,9 @@ from ovalp_flwr.core.head_init.statistics import ClassStatistics
 SCALE_FACTOR = 3.0  # a client's mean square norm this far from the median's (either way) is out
 MIN_HOLDERS = 3  # a class needs this many holders for a consensus of its mean
 TOLERANCE = 1e-6  # float error allowed in the consistency check
+WORD_TOLERANCE = 1e-3  # relative difference from its own moments allowed (float32 rows: ~1e-6)
+
+Described = tuple[np.ndarray, float]  # a client's standardised rows' sum and square norms' sum
 
 
 def _mean_square_norm(stats: ClassStatistics) -> float:
@@ -44,6 +54,33 @@ def _inconsistent(stats: ClassStatistics) -> str | None:
     if np.any(mean_norms > row_norms * (1 + TOLERANCE) + TOLERANCE):
         return "a class mean longer than its rows (not computed from rows)"
     return None
+
+
+def against_its_word(stats: ClassStatistics, described: Described) -> str | None:
+    """Why a client's statistics disagree with the moments it described, if they do."""
+    total, square = described
+    sums = stats.sums.sum(axis=0)
+    off = float(np.linalg.norm(sums - total) / (np.linalg.norm(sums) + np.linalg.norm(total) + 1))
+    if off > WORD_TOLERANCE:
+        return f"class sums off the total its moments give (relative {off:.2g})"
+    ratio = float(stats.square_norms.sum() / square) if square > 0 else 1.0
+    if abs(ratio - 1) > WORD_TOLERANCE:
+        return f"square norms {ratio:.3g}x what its moments give"
+    return None
+
+
+def repaired(stats: ClassStatistics, described: Described) -> ClassStatistics:
+    """The least change that makes `stats` agree with its moments: every class mean moved by
+    the same vector (the sums' shortfall shared by count) and the square norms and Gram matrix
+    rescaled to the square total. Negated sums of a client holding one class, or a Gram and
+    square norms ×10, come back as they were."""
+    total, square = described
+    share = stats.counts / max(stats.counts.sum(), 1e-12)
+    sums = stats.sums + np.outer(share, total - stats.sums.sum(axis=0))
+    reported = float(stats.square_norms.sum())
+    factor = square / reported if reported > 0 else 1.0
+    return ClassStatistics(stats.counts, sums, stats.square_norms * factor,
+                           None if stats.gram is None else stats.gram * factor)
 
 
 def _class_directions(parts: Mapping[int, ClassStatistics]) -> dict[int, float]:
@@ -63,14 +100,19 @@ def _class_directions(parts: Mapping[int, ClassStatistics]) -> dict[int, float]:
     return lowest
 
 
-def screen(parts: Mapping[int, ClassStatistics]) -> dict[int, str]:
-    """The clients whose statistics break the consensus, each with why (node -> reason).
-    `parts` is read once per client (each may be unpacked when read)."""
+def screen(parts: Mapping[int, ClassStatistics],
+           described: Mapping[int, Described] | None = None) -> dict[int, str]:
+    """The clients whose statistics break the consensus or their own moments (`described`,
+    where the run has them), each with why (node -> reason). `parts` is read once per client
+    (each may be unpacked when read)."""
     held = {node: ClassStatistics(stats.counts, stats.sums, stats.square_norms, None)
             for node, stats in parts.items() if stats.num_samples > 0}
     if not held:
         return {}
-    out = {node: why for node, stats in held.items() if (why := _inconsistent(stats))}
+    out = {node: why for node, stats in held.items() if node in (described or {})
+           and (why := against_its_word(stats, described[node]))}
+    out.update({node: why for node, stats in held.items()
+                if node not in out and (why := _inconsistent(stats))})
     scales = {node: _mean_square_norm(stats) for node, stats in held.items()}
     median = float(np.median(list(scales.values())))
     for node, scale in scales.items():
