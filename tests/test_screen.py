@@ -99,3 +99,20 @@ def test_a_forger_is_held_to_its_own_moments_where_no_consensus_can_judge_it():
         for field in ("counts", "sums", "square_norms", "gram"):
             np.testing.assert_allclose(getattr(mended, field), getattr(honest, field),
                                        rtol=1e-5, atol=1e-5)
+
+
+def test_mending_gives_back_the_negated_sums_of_a_client_holding_several_classes():
+    from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
+
+    rng = np.random.default_rng(2)
+    labels = rng.choice(CLASSES, 300)
+    rows = np.abs(np.eye(8)[labels] * 3.0 + rng.normal(size=(300, 8)))
+    moments = FeatureMoments.of(rows)
+    norm = NormStats.from_moments(FeatureMoments.merge([moments, FeatureMoments.of(
+        np.abs(rng.normal(size=(100, 8))))]))  # another client's rows in the mean and std
+    honest = ClassStatistics.of(torch.from_numpy(normalize("standardize", rows, norm)),
+                                torch.from_numpy(labels), CLASSES, True)
+    described = standardized_totals(moments, norm)
+    for kind in ("stats-flip", "sums-x10"):
+        mended = repaired(forged(honest, kind), described)
+        np.testing.assert_allclose(mended.sums, honest.sums, rtol=1e-6, atol=1e-6)

@@ -19,8 +19,8 @@ their statistics disagree with the median client's, each on its own, whatever th
   mean and std. Its standardised class sums must then total (S - n·μ)/σ and its square norms
   Σ (Q - 2μS + nμ²)/σ² (`normalize.standardized_totals`), to float error. Negated sums or a
   Gram ×10 break that whoever else holds their classes; `repaired` makes such a client agree
-  with its own moments (its class means moved by one common vector, its square norms and Gram
-  rescaled), which mends exactly those two forgeries.
+  with its own moments (each class sum rescaled, then one common shift; its square norms and
+  Gram rescaled), which mends exactly those two forgeries.
 
 A class one client holds alone has no consensus to break: only a client's own moments can
 contradict its forgery there (docs/robustness.md). The screen reads each client's counts, sums and square norms once,
@@ -70,13 +70,19 @@ def against_its_word(stats: ClassStatistics, described: Described) -> str | None
 
 
 def repaired(stats: ClassStatistics, described: Described) -> ClassStatistics:
-    """The least change that makes `stats` agree with its moments: every class mean moved by
-    the same vector (the sums' shortfall shared by count) and the square norms and Gram matrix
-    rescaled to the square total. Negated sums of a client holding one class, or a Gram and
+    """The least change that makes `stats` agree with its moments: each class's sum rescaled
+    by the factor that best makes them total its moments' sum (least squares over its classes),
+    what is left shared by count (every class mean moved by one vector), and the square norms
+    and Gram matrix rescaled to the square total. Negated or scaled class sums, and a Gram and
     square norms ×10, come back as they were."""
     total, square = described
+    held = stats.counts > 0
+    sums = stats.sums.copy()
+    if held.any():
+        factors = np.linalg.lstsq(sums[held].T, total, rcond=None)[0]
+        sums[held] *= factors[:, None]
     share = stats.counts / max(stats.counts.sum(), 1e-12)
-    sums = stats.sums + np.outer(share, total - stats.sums.sum(axis=0))
+    sums += np.outer(share, total - sums.sum(axis=0))
     reported = float(stats.square_norms.sum())
     factor = square / reported if reported > 0 else 1.0
     return ClassStatistics(stats.counts, sums, stats.square_norms * factor,
