@@ -194,7 +194,8 @@ def start_cell(run: dict | None, clean: float | None) -> str:
     start = run["head_init"]
     screened = len(start.get("screened", []))
     verdict = "" if not screened else \
-        f"; screened {screened}, {'out' if start['screened_out'] else 'kept'}"
+        f"; screened {screened}, " + ("out" if start["screened_out"] else "mended"
+                                      if start.get("screen_repaired") else "kept")
     left = len(start.get("left_out", []))
     own = run["setup"]["seconds"] + start["server_seconds"]
     check = start.get("check_seconds", start.get("screen_seconds"))
@@ -208,8 +209,9 @@ def start_check_tables(grids: Grids) -> list[str]:
     lines = ["## The start against 10% forging together, by check (seed 0)", "",
              "`conf/robustness-start.toml`, the start alone: its accuracy (%) and, in brackets, "
              "points against the clean start without a check; screened: the clients that broke "
-             "the consensus, and whether they went out of the sums together (the start without "
-             "them better on validation rows by the margin) or stayed; left out: the leave-out "
+             "the consensus or their own moments, and whether they went out of the sums "
+             "together, were mended to agree with their moments (whichever made the start better "
+             "on validation rows by the margin) or stayed as sent; left out: the leave-out "
              "check's, after; the check's time against the start's own (set-up exchanges and "
              "solve).", ""]
     for setting in axes["setting"]:

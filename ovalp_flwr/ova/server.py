@@ -313,9 +313,9 @@ def chosen_penalty(summed: StatisticsSum, validation: ValidationRows | None
 def checked_start(config: RunConfig, init: HeadInit, setup: SetUp,
                   validation: ValidationRows) -> dict:
     """`robust-start`: the clients whose statistics break the others' consensus or their own
-    moments (`head_init.screen`), taken out of the start's sums together, or those that broke
-    their moments mended to agree with them, whichever scores more than `robust-start-margin`
-    higher on the validation rows (never the test split), else kept; under "leave-out", then,
+    moments (`head_init.screen`): those that broke their moments mended to agree with them, or
+    all taken out of the start's sums together, as the validation rows say
+    (`_screen_verdict`; never the test split); under "leave-out", then,
     one at a time, those whose absence does (`head_init.leave_out`). What `summary.json` says of them. They stay in the rounds, where
     `robust-aggregation` bounds their updates: under label skew a client may hold a class alone,
     and only its rounds can teach it."""
@@ -333,8 +333,7 @@ def checked_start(config: RunConfig, init: HeadInit, setup: SetUp,
     candidates = {"out": dict.fromkeys(screened), **({"repaired": mended} if mended else {})}
     gain = gains(init, summed.total, kept, candidates if screened else {}, validation.features,
                  validation.labels, config.seed)
-    chosen = max(gain, key=gain.get) if gain and max(gain.values()) > \
-        config.robust_start_margin else None
+    chosen = _screen_verdict(gain, config.robust_start_margin)
     if chosen == "out":
         summed.drop(list(screened))
     elif chosen == "repaired":
@@ -361,6 +360,20 @@ def checked_start(config: RunConfig, init: HeadInit, setup: SetUp,
     return {**found, "check_accuracy": check.accuracy,
             "left_out": [partition[node] for node in check.left_out], "gains": check.gains,
             "check_seconds": time.perf_counter() - started}
+
+
+def _screen_verdict(gain: dict[str, float], margin: float) -> str | None:
+    """What the screen does with the clients it found, from each change's gain on validation:
+    those that broke their own moments are mended unless that costs more than `margin` (their
+    word outranks their forgery; mending `stats-count`'s zero rows costs far more), and all of
+    them go out only if that beats the start kept or mended by more than `margin` (leaving out
+    loses their rows)."""
+    chosen, current = None, 0.0
+    if "repaired" in gain and gain["repaired"] >= -margin:
+        chosen, current = "repaired", gain["repaired"]
+    if "out" in gain and gain["out"] - current > margin:
+        chosen = "out"
+    return chosen
 
 
 def _feature_info(cache: CachedFeatures, stats: NormStats | None) -> dict:
