@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ovalp_flwr.data.noise import NOISE_KINDS
+from ovalp_flwr.federation.aggregators import RULES
 from ovalp_flwr.data.registry import dataset_modality
 from ovalp_flwr.features.modalities import ENCODER_MODALITY
 from ovalp_flwr.personalize.hyperparameters import (HYPERPARAMETERS, METHOD_DOCS, METHOD_NAMES,
@@ -46,7 +47,7 @@ FINETUNES = ("none", "lp", "fedavg-lora", "flora", "full")  # ovalp_flwr.finetun
 PFT_GLOBALS = ("server", "clients")  # who scores Global: ovalp_flwr.personalize.phase
 ROBUST_STARTS = ("none", "screen", "leave-out")  # core.head_init.screen, .leave_out
 DP_UNCOVERED = ("refuse", "allow")  # a private run's releases without noise: federation.privacy
-ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean", "multi-krum", "norm-clip")  # federation.robust
+ROBUST_AGGREGATIONS = ("none", *RULES)  # federation.aggregators: one file a rule
 ATTACKS = ("none", "scale-10", "scale-100", "sign-flip", "label-flip", "stats-flip", "stats-gram",
            "stats-count")  # federation.attacks
 PFT_PREFIX = "pft."  # pft.<method>.<hyperparameter>: a personalization method's own knobs
@@ -258,10 +259,9 @@ class RunConfig:
         "([Robustness](robustness.md#a-cap-on-what-a-count-buys)).")
     robust_aggregation: str = _key(
         "none", "rounds", "How the server combines the heads' updates: `none`, FedAvg's mean; "
-        "`median` or `trimmed-mean` (per coordinate, Flower's), `multi-krum` (the mean of the "
-        "clients closest to their neighbours) or `norm-clip` (each update clipped to the "
-        "round's median norm): a hostile client's pull is bounded "
-        "([Robustness](robustness.md)).", ROBUST_AGGREGATIONS)
+        "or one of the robust rules of `federation/aggregators/` (one file each), which bound a "
+        "hostile client's pull ([Robustness](robustness.md#robust-aggregation)).",
+        ROBUST_AGGREGATIONS)
     robust_fraction: float = _key(
         0.1, "rounds", "The share of clients `robust-aggregation` assumes hostile: Multi-Krum "
         "leaves ⌈fraction · n⌉ out, the trimmed mean cuts that share at each end.")

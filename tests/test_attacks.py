@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from ovalp_flwr.federation.aggregators import RULES
 from ovalp_flwr.federation.attacks import attackers, poisoned
 from ovalp_flwr.federation.local_grid import run_local
 from ovalp_flwr.federation.results import read_summary
@@ -56,7 +57,7 @@ def baselines(cache_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("defence", ["median", "trimmed-mean", "multi-krum", "norm-clip"])
+@pytest.mark.parametrize("defence", list(RULES))
 def test_each_defence_beats_a_scaled_update_that_the_mean_does_not_survive(
         cache_dir, tmp_path, baselines, defence):
     """SCAFFOLD on (the default): the variates learn only from admitted updates."""

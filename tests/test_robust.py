@@ -1,12 +1,17 @@
-"""Robust aggregation (`federation.robust`): each rule computes what it claims on hand-made
-replies, bounds what one hostile client can do, and hands SCAFFOLD only admitted updates."""
+"""Robust aggregation (`federation.robust` and the rules of `federation.aggregators`): each rule
+computes what it claims on hand-made replies, bounds what one hostile client can do, and hands
+SCAFFOLD only admitted updates."""
 
 import numpy as np
 import pytest
 
 from ovalp_flwr.federation.replies import TrainReply, weighted_mean
 from ovalp_flwr.config import ConfigError, RunConfig
-from ovalp_flwr.federation.robust import RefusedRound, RobustAggregation, clipped, krum_kept, norm
+from ovalp_flwr.federation.aggregators import RULES
+from ovalp_flwr.federation.aggregators.base import clipped, norm
+from ovalp_flwr.federation.aggregators.geometric_median import geometric_median
+from ovalp_flwr.federation.aggregators.multi_krum import krum_kept
+from ovalp_flwr.federation.robust import RefusedRound, RobustAggregation
 
 GLOBAL = {"weight": np.zeros((2, 3), np.float32), "bias": np.zeros(2, np.float32)}
 
@@ -56,7 +61,7 @@ def test_norm_clip_bounds_every_update_by_the_rounds_median_norm():
     np.testing.assert_allclose(combined["weight"], weighted_mean(admitted)["weight"], rtol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["median", "trimmed-mean", "multi-krum", "norm-clip"])
+@pytest.mark.parametrize("kind", list(RULES))
 def test_one_hostile_client_moves_the_robust_model_little_and_the_mean_far(kind):
     replies = honest_and_one_hostile(scale=1000.0)
     honest = weighted_mean(replies[:9])["weight"]
@@ -93,3 +98,24 @@ def test_the_smallest_rounds_each_rule_still_defends_are_aggregated():
 def test_a_rule_that_would_assume_no_attacker_is_refused(kind):
     with pytest.raises(ConfigError, match="robust-fraction"):
         RunConfig.from_mapping({"robust-aggregation": kind, "robust-fraction": 0.0})
+
+
+def test_the_geometric_median_minimises_the_weighted_distance_sum():
+    line = np.array([[0.0, 0.0], [1.0, 0.0], [10.0, 0.0]])
+    np.testing.assert_allclose(geometric_median(line, [1, 1, 1]), [1.0, 0.0], atol=1e-4)
+    np.testing.assert_allclose(geometric_median(line, [1, 1, 3]), [10.0, 0.0], atol=1e-4)
+    rng = np.random.default_rng(0)
+    points, weights = rng.normal(size=(7, 5)), rng.uniform(1, 5, 7)
+    median = geometric_median(points, weights)
+
+    def cost(z):
+        return float(weights @ np.linalg.norm(points - z, axis=1))
+    for _ in range(50):  # no nearby point does better
+        assert cost(median) <= cost(median + 1e-3 * rng.normal(size=5)) + 1e-9
+
+
+def test_a_rule_is_one_file_and_a_registry_line_the_config_reads():
+    assert RULES["geometric-median"] == "geometric_median:GeometricMedian"
+    assert RunConfig.from_mapping({"robust-aggregation": "geometric-median"})
+    combined, _ = RobustAggregation("geometric-median")(honest_and_one_hostile(), GLOBAL)
+    assert combined["weight"].dtype == np.float32 and combined["bias"].shape == (2,)

@@ -384,15 +384,3 @@ def test_clients_train_on_one_thread_and_leave_the_process_its_own(cache_dir, tm
     finally:
         torch.set_num_threads(before)
 
-
-def test_the_screen_mends_unless_that_costs_and_leaves_out_only_what_clearly_helps():
-    from ovalp_flwr.ova.server import _screen_verdict
-
-    margin = 0.005
-    assert _screen_verdict({}, margin) is None
-    assert _screen_verdict({"out": 0.004}, margin) is None  # too little for their rows
-    assert _screen_verdict({"out": 0.006}, margin) == "out"
-    assert _screen_verdict({"out": 0.0, "repaired": -0.004}, margin) == "repaired"  # their word
-    assert _screen_verdict({"out": 0.0, "repaired": -0.5}, margin) is None  # mending costs
-    assert _screen_verdict({"out": 0.006, "repaired": 0.002}, margin) == "repaired"
-    assert _screen_verdict({"out": 0.009, "repaired": 0.002}, margin) == "out"

@@ -31,8 +31,6 @@ from flwr.serverapp import Grid
 from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.core.devices import resolve_device
 from ovalp_flwr.core.head_init import HeadInit, make_head_init
-from ovalp_flwr.core.head_init.leave_out import gains, leave_out_check
-from ovalp_flwr.core.head_init.screen import against_its_word, repaired, screen
 from ovalp_flwr.core.head_init.ridge import RidgeInit, lambda_path
 from ovalp_flwr.core.model import initial_adapter, model_from_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, NormStats, normalize
@@ -55,6 +53,7 @@ from ovalp_flwr.federation.setup import (StatisticsSum, broadcast_stats, by_part
                                          late_admitter, leave_out, statistics_request)
 from ovalp_flwr.federation.summary import finish_run, partition_summary, run_summary
 from ovalp_flwr.ops.console import say
+from ovalp_flwr.ova.start_check import checked_start
 from ovalp_flwr.personalize.phase import personalize_after
 from ovalp_flwr.personalize.scoring import FeatureScorer
 
@@ -88,7 +87,8 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     chosen = {}
     if choosing_lambda:  # before the check (it scores starts at this penalty), and after it
         init, chosen = chosen_penalty(setup.statistics, validation)
-    checked = checked_start(config, init, setup, validation) \
+    checked = checked_start(config, init, setup.statistics, setup.clients, setup.norm,
+                            validation.features, validation.labels) \
         if config.robust_start != "none" else {}
     if choosing_lambda and (checked.get("left_out") or checked.get("screened_out")):
         # chosen again on the sums kept
@@ -308,72 +308,6 @@ def chosen_penalty(summed: StatisticsSum, validation: ValidationRows | None
         path.chosen, max(path.accuracy), len(path.grid), time.perf_counter() - started)
     return RidgeInit(path.chosen), {"ridge_lambda": path.chosen, "lambda_path": {
         "grid": list(path.grid), "val_accuracy": list(path.accuracy)}}
-
-
-def checked_start(config: RunConfig, init: HeadInit, setup: SetUp,
-                  validation: ValidationRows) -> dict:
-    """`robust-start`: the clients whose statistics break the others' consensus or their own
-    moments (`head_init.screen`): those that broke their moments mended to agree with them, or
-    all taken out of the start's sums together, as the validation rows say
-    (`_screen_verdict`; never the test split); under "leave-out", then,
-    one at a time, those whose absence does (`head_init.leave_out`). What `summary.json` says of them. They stay in the rounds, where
-    `robust-aggregation` bounds their updates: under label skew a client may hold a class alone,
-    and only its rounds can teach it."""
-    summed = setup.statistics
-    if summed.total is None:
-        return {}
-    started = time.perf_counter()
-    partition = {node: int(setup.clients[node][p.PARTITION_ID]) for node in setup.clients}
-    held, kept = len(summed.kept), summed.kept
-    described = (summed.described(setup.clients, setup.norm)
-                 if config.feature_norm == "standardize" else {})
-    screened = screen(kept, described)
-    mended = {node: repaired(kept[node], described[node]) for node in screened
-              if node in described and against_its_word(kept[node], described[node])}
-    candidates = {"out": dict.fromkeys(screened), **({"repaired": mended} if mended else {})}
-    gain = gains(init, summed.total, kept, candidates if screened else {}, validation.features,
-                 validation.labels, config.seed)
-    chosen = _screen_verdict(gain, config.robust_start_margin)
-    if chosen == "out":
-        summed.drop(list(screened))
-    elif chosen == "repaired":
-        summed.replace(mended)
-    found = {"screened": [{"partition": partition[node], "why": why}
-                          for node, why in sorted(screened.items(), key=lambda i: partition[i[0]])],
-             "screen_gain": gain.get("out", 0.0), "screened_out": chosen == "out",
-             "repair_gain": gain.get("repaired"), "screen_repaired": chosen == "repaired",
-             "screen_seconds": time.perf_counter() - started, "checked_on": "validation"}
-    say(INFO, "robust-start: %d of %d clients break the consensus or their own moments (%d "
-        "mendable); on the validation rows, without them %+.4f, mended %s: %s%s",
-        len(screened), held, len(mended), gain.get("out", 0.0),
-        "-" if "repaired" not in gain else f"{gain['repaired']:+.4f}",
-        {"out": "taken out", "repaired": "mended"}.get(chosen, "kept"),
-        "".join(f"; partition {partition[n]}: {why}" for n, why in list(screened.items())[:3]))
-    if config.robust_start != "leave-out":
-        return found
-    check = leave_out_check(init, summed.total, summed.kept, validation.features,
-                            validation.labels, config.seed, config.robust_start_margin)
-    summed.drop(check.left_out)
-    say(INFO, "robust-start: %d of %d clients left out (start %.4f with the rest, on %d "
-        "validation rows; %.1f s)", len(check.left_out), len(summed.kept) + len(check.left_out),
-        check.accuracy, len(validation.labels), time.perf_counter() - started)
-    return {**found, "check_accuracy": check.accuracy,
-            "left_out": [partition[node] for node in check.left_out], "gains": check.gains,
-            "check_seconds": time.perf_counter() - started}
-
-
-def _screen_verdict(gain: dict[str, float], margin: float) -> str | None:
-    """What the screen does with the clients it found, from each change's gain on validation:
-    those that broke their own moments are mended unless that costs more than `margin` (their
-    word outranks their forgery; mending `stats-count`'s zero rows costs far more), and all of
-    them go out only if that beats the start kept or mended by more than `margin` (leaving out
-    loses their rows)."""
-    chosen, current = None, 0.0
-    if "repaired" in gain and gain["repaired"] >= -margin:
-        chosen, current = "repaired", gain["repaired"]
-    if "out" in gain and gain["out"] - current > margin:
-        chosen = "out"
-    return chosen
 
 
 def _feature_info(cache: CachedFeatures, stats: NormStats | None) -> dict:
