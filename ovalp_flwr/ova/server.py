@@ -90,7 +90,8 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     checked = checked_start(config, init, setup.statistics, setup.clients, setup.norm,
                             validation.features, validation.labels) \
         if config.robust_start != "none" else {}
-    if choosing_lambda and (checked.get("left_out") or checked.get("screened_out")):
+    if choosing_lambda and (checked.get("left_out") or checked.get("screened_out")
+                            or checked.get("screen_repaired")):
         # chosen again on the sums kept
         init, chosen = chosen_penalty(setup.statistics, validation)
     initial, start = initial_head(config, init, setup.statistics, cache)

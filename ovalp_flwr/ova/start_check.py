@@ -25,10 +25,10 @@ def checked_start(config: RunConfig, init: HeadInit, summed: StatisticsSum,
     """`robust-start`: the clients whose statistics break the others' consensus or their own
     moments (`head_init.screen`): those that broke their moments mended to agree with them, or
     all taken out of the start's sums together, as the validation rows say
-    (`screen_verdict`; never the test split); under "leave-out", then,
-    one at a time, those whose absence does (`head_init.leave_out`). What `summary.json` says of them. They stay in the rounds, where
-    `robust-aggregation` bounds their updates: under label skew a client may hold a class alone,
-    and only its rounds can teach it."""
+    (`screen_verdict`; never the test split); under "leave-out", then, one at a time, those
+    whose absence does (`head_init.leave_out`). What `summary.json` says of them. They stay in
+    the rounds, where `robust-aggregation` bounds their updates: under label skew a client may
+    hold a class alone, and only its rounds can teach it."""
     if summed.total is None:
         return {}
     started = time.perf_counter()
