@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ovalp_flwr.data.noise import NOISE_KINDS
+from ovalp_flwr.federation.adversary import ATTACKS as ADVERSARY
+from ovalp_flwr.federation.adversary import UPDATES_ONLY
 from ovalp_flwr.federation.aggregators import RULES
 from ovalp_flwr.data.registry import dataset_modality
 from ovalp_flwr.features.modalities import ENCODER_MODALITY
@@ -48,8 +50,7 @@ PFT_GLOBALS = ("server", "clients")  # who scores Global: ovalp_flwr.personalize
 ROBUST_STARTS = ("none", "screen", "leave-out")  # core.head_init.screen, .leave_out
 DP_UNCOVERED = ("refuse", "allow")  # a private run's releases without noise: federation.privacy
 ROBUST_AGGREGATIONS = ("none", *RULES)  # federation.aggregators: one file a rule
-ATTACKS = ("none", "scale-10", "scale-100", "sign-flip", "label-flip", "stats-flip", "stats-gram",
-           "stats-count")  # federation.attacks
+ATTACKS = ("none", *ADVERSARY)  # federation.adversary: one file an attack
 PFT_PREFIX = "pft."  # pft.<method>.<hyperparameter>: a personalization method's own knobs
 # the knobs every method shares (personalize.hyperparameters.FineTuning) and their run-config keys
 SHARED_PFT = {"epochs": "pft-epochs", "learning-rate": "pft-learning-rate",
@@ -680,8 +681,7 @@ class RunConfig:
         if self.robust_aggregation != "none" and self.finetune == "flora":
             raise ConfigError("robust-aggregation", self.robust_aggregation, "FLoRA stacks the "
                               "clients' LoRA factors instead of averaging them; use \"none\"")
-        if self.attack not in ("none", "scale-10", "scale-100", "sign-flip") \
-                and self.finetune != "none":
+        if self.attack not in ("none", *UPDATES_ONLY) and self.finetune != "none":
             raise ConfigError("attack", self.attack, f"{self.attack} rehearses on the cached-"
                               'feature path; with finetune use "scale-10", "scale-100" or '
                               '"sign-flip"')

@@ -1,4 +1,4 @@
-"""Attack rehearsal (`federation.attacks`): the attackers are the seed's choice, the poisoned
+"""Attack rehearsal (`federation.attacks`, the attacks in `federation.adversary`): the attackers are the seed's choice, the poisoned
 updates are what they claim, and on a small federation each defence beats a scaled update that
 FedAvg's mean does not survive (`federation.robust`)."""
 
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from ovalp_flwr.federation.aggregators import RULES
-from ovalp_flwr.federation.attacks import attackers, poisoned
+from ovalp_flwr.federation.adversary import ATTACKS, attack
+from ovalp_flwr.federation.attacks import attackers
 from ovalp_flwr.federation.local_grid import run_local
 from ovalp_flwr.federation.results import read_summary
 
@@ -35,10 +36,10 @@ def test_the_attackers_hold_data():
 def test_an_update_attack_scales_the_update_and_a_gradient_reply_itself():
     sent = {"weight": np.ones((2, 2), np.float32)}
     trained = {"weight": np.full((2, 2), 1.5, np.float32)}
-    assert np.allclose(poisoned(trained, sent, 10.0, gradient=False)["weight"], 6.0)
-    assert np.allclose(poisoned(trained, sent, -1.0, gradient=False)["weight"], 0.5)
-    assert np.allclose(poisoned(trained, sent, 100.0, gradient=True)["weight"], 150.0)
-    assert poisoned(trained, sent, 10.0, gradient=False)["weight"].dtype == np.float32
+    assert np.allclose(attack("scale-10").update(trained, sent, gradient=False)["weight"], 6.0)
+    assert np.allclose(attack("sign-flip").update(trained, sent, gradient=False)["weight"], 0.5)
+    assert np.allclose(attack("scale-100").update(trained, sent, gradient=True)["weight"], 150.0)
+    assert attack("scale-10").update(trained, sent, gradient=False)["weight"].dtype == np.float32
 
 
 def final_accuracy(cache_dir, tmp_path, name, **overrides):
@@ -77,8 +78,10 @@ def test_label_flip_trains_on_labels_moved_one_class_on(cache_dir, tmp_path):
 
 def test_a_statistics_attack_forges_what_every_check_still_passes():
     from ovalp_flwr.core.head_init.statistics import ClassStatistics
-    from ovalp_flwr.federation.attacks import forged
     from ovalp_flwr.federation.validation import check_statistics
+
+    def forged(arrays, kind):
+        return attack(kind).statistics(arrays)
 
     rows, labels = np.random.default_rng(0).normal(size=(30, 4)), np.arange(30) % 3
     honest = ClassStatistics.of(torch.from_numpy(rows), torch.from_numpy(labels), 3, True).to_arrays()
@@ -89,3 +92,15 @@ def test_a_statistics_attack_forges_what_every_check_still_passes():
     assert np.array_equal(forged(honest, "stats-flip")["sums"], -honest["sums"])
     assert np.allclose(forged(honest, "stats-gram")["gram-triu"], 10 * honest["gram-triu"])
     assert np.array_equal(forged(honest, "stats-count")["counts"], 10 * honest["counts"])
+
+
+def test_each_attack_lies_only_where_it_says_and_is_a_registry_line():
+    sent, trained = {"weight": np.ones(2, np.float32)}, {"weight": np.full(2, 2.0, np.float32)}
+    labels = torch.tensor([0, 1, 2])
+    for kind in ATTACKS:
+        lie = attack(kind)
+        moved_update = not np.array_equal(lie.update(trained, sent, False)["weight"],
+                                          trained["weight"])
+        assert moved_update == (kind in ("scale-10", "scale-100", "sign-flip")), kind
+        assert torch.equal(lie.labels(labels, 3), labels) == (kind != "label-flip"), kind
+        assert (lie.count(5) == 5) == (kind != "stats-count"), kind

@@ -26,7 +26,8 @@ from ovalp_flwr.core.model import FeatureModel, model_from_numpy, model_to_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, FeatureMoments, NormStats, normalize, per_sample
 from ovalp_flwr.core.training import shuffle_generator, train_local
 from ovalp_flwr.federation import protocol as p
-from ovalp_flwr.federation.attacks import attack_of, flipped
+from ovalp_flwr.federation.adversary import attack
+from ovalp_flwr.federation.attacks import attack_of
 from ovalp_flwr.federation.privacy import clip_rows, statistics_noise, statistics_noise_share
 from ovalp_flwr.federation.node import (NodeRows, feature_source, local_schedule, node_partition,
                                         node_rows, node_test_rows, node_validation_rows,
@@ -152,8 +153,8 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(round_config["server-round"])
     partition_id, _ = node_partition(context)
     features, labels = _device_rows(config, context, str(round_config.get(p.NORM_DIGEST, "")))
-    if attack_of(context) == "label-flip":  # an attack rehearsal (`federation.attacks`)
-        labels = flipped(labels, _num_heads(msg))
+    if (kind := attack_of(context)) is not None:  # an attack rehearsal (`federation.adversary`)
+        labels = attack(kind).labels(labels, _num_heads(msg))
     if round_config.get(p.GRADIENT):
         return _gradient_reply(msg, config, features, labels)
     offset = drift_offset(msg, context)
