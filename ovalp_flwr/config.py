@@ -372,11 +372,9 @@ class RunConfig:
         "longer sampled (`0`: never).")
     attack: str = _key(
         "none", "reliability", "Attack rehearsal: `attack-fraction` of the clients (chosen by "
-        "`seed`) send hostile updates that pass every check, `scale-10` or `scale-100` (their "
-        "update times that), `sign-flip` (minus it) or `label-flip` (trained on labels moved "
-        "one class on, the cached-feature path), or forged statistics for the start: `stats-flip` "
-        "(class sums negated), `stats-gram` (Gram matrix x10), `stats-count` (counts, and the "
-        "sample count described, x10) ([Robustness](robustness.md)).", ATTACKS)
+        "`seed`) lie within the rules, as one of the attacks of `federation/adversary/` (one "
+        "file each: scaled or sign-flipped updates, flipped labels, forged statistics and "
+        "counts) ([Robustness](robustness.md#rehearsing-an-attack)).", ATTACKS)
     attack_fraction: float = _key(
         0.1, "reliability", "The share of clients that attack (at least one when `attack` is "
         "set).")
