@@ -58,7 +58,8 @@ def _replies(messages, rng: np.random.Generator, global_arrays: dict,
         if nodes is not None:
             config, context = nodes[message.metadata.dst_node_id]
             offset = drift_offset(message, context)
-            content[p.VARIATE] = reply_variate(config, context, message, local, 30, offset)
+            content[p.VARIATE] = reply_variate(config.rounds, config.learning_rate, context,
+                                               message, local, 30, offset)
         replies.append(Message(content=content, reply_to=message))
     return replies
 

@@ -99,7 +99,7 @@ def encoder_round(method_name: str, device: torch.device, samples: int, repeats:
     try:
         from ovalp_flwr.config import RunConfig
         from ovalp_flwr.features.encoders import load_encoder
-        from ovalp_flwr.finetune import make_method
+        from ovalp_flwr.finetune.methods import make_method
         from ovalp_flwr.finetune.model import build_classifier
         from ovalp_flwr.core.heads import loss_for
         from ovalp_flwr.core.training import fit
@@ -107,7 +107,7 @@ def encoder_round(method_name: str, device: torch.device, samples: int, repeats:
         return f"skipped: {err}"
     encoder = load_encoder("efficientnet-lite0", device="cpu", image_size=image_size,
                            pretrained=False)
-    method = make_method(RunConfig(finetune=method_name))
+    method = make_method(RunConfig(finetune=method_name).finetuning)
     model = method.prepare(build_classifier(encoder, 10, 0, device))
     rng = np.random.default_rng(0)
     images = torch.from_numpy(rng.integers(0, 256, (samples, 32, 32, 3), dtype=np.uint8)).to(device)

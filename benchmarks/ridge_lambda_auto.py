@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ovalp_flwr.config import AUTO_VALIDATION_FRACTION
+from ovalp_flwr.data.options import AUTO_VALIDATION_FRACTION
 from ovalp_flwr.core.durable import replace_durably
 from ovalp_flwr.core.head_init import ClassStatistics
 from ovalp_flwr.core.head_init.ridge import LAMBDA_GRID, RidgeInit, lambda_path

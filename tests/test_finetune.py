@@ -11,7 +11,7 @@ from client_app import app as client_app
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.config import ConfigError, RunConfig
 from ovalp_flwr.finetune import client as finetune_client
-from ovalp_flwr.finetune import make_method
+from ovalp_flwr.finetune.methods import make_method
 from ovalp_flwr.finetune.flora import FLoRA, STATE_DELTA, STATE_ROUND
 from ovalp_flwr.finetune.lora import LoRAOptions, delta_weight
 from ovalp_flwr.federation.local_grid import InProcessGrid, app_config
@@ -130,7 +130,7 @@ def test_frozen_tensors_are_bit_identical_after_a_run(tmp_path, method):
     server evaluated on the same (in-process) model, are the pretrained ones."""
     config = RunConfig.from_mapping({**app_config(), **BASE, "finetune": method})
     finetune_client._SETUP.clear()
-    before = make_method(config).frozen_state(finetune_client.setup(config).model)
+    before = make_method(config.finetuning).frozen_state(finetune_client.setup(config).model)
     _, _, built = run(tmp_path, finetune=method)
     after = built.method.frozen_state(built.model)
     assert set(before) == set(after) and len(after) > 10

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from ovalp_flwr.features.cache import load_or_build
-from ovalp_flwr.config import HEAD_INITS, ConfigError, RunConfig
+from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.core.options import HEAD_INITS
 from ovalp_flwr.core.head_init import HEAD_INITS as REGISTRY
 from ovalp_flwr.core.head_init import ClassStatistics, make_head_init
 from ovalp_flwr.core.head_init.calibration import ScoreModel

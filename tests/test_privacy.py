@@ -25,6 +25,12 @@ from ovalp_flwr.federation.results import read_summary
 from safetensors.numpy import load_file
 
 
+def report_of(config: RunConfig, population: int = 1) -> dict:
+    """What summary.json says of the privacy `config` spends over `population` nodes."""
+    return privacy_report(config.privacy, config.rounds, config.data_releases,
+                          config.statistics_aggregation == "secagg+", population)
+
+
 def rdp_by_hand(sigma: float, releases: int, delta: float) -> float:
     """The Gaussian mechanism's RDP, T·α/(2σ²), turned into ε at δ by the conversion of
     Canonne-Kamath-Steinke (2020), minimised over a fine grid of orders α."""
@@ -128,7 +134,7 @@ def test_a_private_run_refuses_what_its_noise_does_not_cover(overrides, key):
 def test_one_accountant_composes_the_run_and_a_level_not_covered_is_infinite():
     config = RunConfig.from_mapping({"dp-statistics-epsilon": 2.0, "dp-rounds-epsilon": 4.0,
                                      **PRIVATE, "num-server-rounds": 10})
-    report = privacy_report(config)
+    report = report_of(config)
     assert report["statistics"]["epsilon"] == pytest.approx(2.0, rel=1e-3)
     assert report["rounds"]["epsilon"] == pytest.approx(4.0, rel=1e-3)
     assert report["rounds"]["releases"] == 10 and report["rounds"]["delta"] == 1e-5
@@ -138,11 +144,11 @@ def test_one_accountant_composes_the_run_and_a_level_not_covered_is_infinite():
     assert run["example_epsilon"] == pytest.approx(composed) and 4.0 < composed < 6.0
     assert run["client_epsilon"] == INFINITE  # the statistics' noise covers one example only
     assert run["uncovered"] == []
-    rounds_only = privacy_report(RunConfig.from_mapping({"dp-rounds-epsilon": 4.0, **PRIVATE,
+    rounds_only = report_of(RunConfig.from_mapping({"dp-rounds-epsilon": 4.0, **PRIVATE,
                                                          "head-init": "zeros"}))
     assert rounds_only["run"]["client_epsilon"] == pytest.approx(4.0, rel=1e-3)
     assert rounds_only["run"]["example_epsilon"] == rounds_only["run"]["client_epsilon"]
-    mixed = privacy_report(RunConfig.from_mapping({"dp-statistics-epsilon": 2.0, **PRIVATE,
+    mixed = report_of(RunConfig.from_mapping({"dp-statistics-epsilon": 2.0, **PRIVATE,
                                                    "dp-uncovered": "allow"}))
     assert mixed["run"]["uncovered"] == ["rounds"]
     assert mixed["run"]["example_epsilon"] == mixed["run"]["client_epsilon"] == INFINITE
@@ -228,8 +234,9 @@ def test_noise_shares_are_sized_for_the_fewest_survivors_drop_outs_allow(cache_d
 def test_sampling_amplifies_the_rounds_as_the_strategy_draws_them():
     config = RunConfig.from_mapping({"dp-rounds-epsilon": 2.0, **PRIVATE, "head-init": "zeros",
                                      "num-server-rounds": 50, "fraction-train": 0.01})
-    sampled = rounds_releases(config, 10_000)
-    whole = rounds_releases(dataclasses.replace(config, fraction_train=1.0), 100)
+    sampled = rounds_releases(config.privacy, config.rounds, 10_000)
+    whole_rounds = dataclasses.replace(config.rounds, fraction_train=1.0)
+    whole = rounds_releases(config.privacy, whole_rounds, 100)
     assert (sampled.sample, sampled.population) == (100, 10_000)
     assert (whole.sample, whole.population) == (100, 100)  # every client: no amplification
     unsampled = noise_multiplier_for(2.0, 50, 1e-5)
@@ -237,7 +244,7 @@ def test_sampling_amplifies_the_rounds_as_the_strategy_draws_them():
     assert epsilon_spent(sampled.noise_multiplier, 50, 1e-5, 100, 10_000) <= 2.0
     assert epsilon_spent(sampled.noise_multiplier, 50, 1e-5) > 2.0 * 5  # without sampling
     assert epsilon_spent(3.0, 10, 1e-5, 100, 100) == epsilon_spent(3.0, 10, 1e-5)  # q = 1
-    report = privacy_report(config, 10_000)
+    report = report_of(config, 10_000)
     assert report["rounds"]["sampled"] == 100 and report["rounds"]["population"] == 10_000
     assert report["run"]["amplification_by_sampling"] is True
     assert report["rounds"]["epsilon"] == pytest.approx(2.0, rel=1e-3)

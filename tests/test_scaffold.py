@@ -29,7 +29,8 @@ def client_reply(message: Message, context: Context, config: RunConfig,
     offset = drift_offset(message, context)
     content = RecordDict({p.ARRAYS: p.to_record(local), p.METRICS: MetricRecord({
         p.NUM_EXAMPLES: examples, p.TRAIN_LOSS: 0.1, p.TRAIN_SECONDS: 0.01, p.LOCAL_STEPS: steps})})
-    variate = reply_variate(config, context, message, local, steps, offset)
+    variate = reply_variate(config.rounds, config.learning_rate, context, message, local, steps,
+                            offset)
     if variate is not None:
         content[p.VARIATE] = variate
     return Message(content=content, reply_to=message), offset

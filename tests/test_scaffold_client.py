@@ -56,11 +56,13 @@ def test_the_node_keeps_and_uploads_its_c_i_only_when_the_run_says_so():
     sent = {"weight": np.full((2, 3), 0.25, np.float32)}
     message = train_message(4)
     server_side = RunConfig(learning_rate=0.05)
-    assert reply_variate(server_side, context(), message, trained, 2, sent) is None
+    assert reply_variate(server_side.rounds, server_side.learning_rate, context(), message,
+                         trained, 2, sent) is None
     clients = RunConfig(learning_rate=0.05, scaffold_variates="clients")
     node = context()
-    assert reply_variate(clients, node, message, trained, 0, sent) is None  # no data, no steps
-    record = reply_variate(clients, node, message, trained, 2, sent)
+    assert reply_variate(clients.rounds, clients.learning_rate, node, message, trained, 0,
+                         sent) is None  # no data, no steps
+    record = reply_variate(clients.rounds, clients.learning_rate, node, message, trained, 2, sent)
     expected = next_variate(START, trained, 2.0, 0.05, sent)  # what the server computes
     assert np.array_equal(record["weight"].numpy(), expected["weight"])
     assert np.array_equal(node.state[p.VARIATE]["weight"].numpy(), expected["weight"])

@@ -12,7 +12,8 @@ import torch
 from flwr.app import Error, Message
 from scipy.optimize import minimize
 
-from ovalp_flwr.config import WEIGHT_DECAY_PATH, ConfigError, RunConfig
+from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.core.options import WEIGHT_DECAY_PATH
 from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.features.cache import load_or_build

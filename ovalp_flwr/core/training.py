@@ -18,7 +18,7 @@ from ovalp_flwr.core.model import model_from_numpy, model_to_numpy
 @dataclass(frozen=True)
 class LocalSchedule:
     """The optimiser settings of a local round (the paper's recipe by default; the run config's
-    defaults are SGD + SCAFFOLD, see config.RunConfig)."""
+    defaults are SGD + SCAFFOLD: core/options.TrainingOptions)."""
 
     epochs: int = 3
     batch_size: int = 50

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ovalp_flwr.config import PARTITIONS
+from ovalp_flwr.data.options import PARTITIONS
 
 if TYPE_CHECKING:
     from datasets import Dataset

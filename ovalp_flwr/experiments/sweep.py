@@ -83,6 +83,11 @@ class RunSpec:
     def choice(self, axis: str) -> str:
         return dict(self.choices)[axis]
 
+    @property
+    def config(self) -> RunConfig:
+        """The run config it makes, validated (the keys it does not set at their defaults)."""
+        return RunConfig.from_mapping(self.run_config)
+
     def reference(self) -> tuple[tuple[str, str], ...] | None:
         """The choices of the IID run this run's R(t) divides by (None: it is that run)."""
         chosen = dict(self.choices)

@@ -12,7 +12,6 @@ from logging import INFO
 import torch
 from flwr.app import ArrayRecord, MetricRecord
 
-from ovalp_flwr.config import RunConfig
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.exchange import FederationError
 from ovalp_flwr.ops.console import say
@@ -27,8 +26,8 @@ class CentralEvaluator(ABC):
     """Scores the global model on the server's test split after every round; remembers when and
     how long. A subclass says how a model predicts (`_right`)."""
 
-    def __init__(self, config: RunConfig, labels: torch.Tensor, domains: torch.Tensor,
-                 domain_names: tuple[str, ...]) -> None:
+    def __init__(self, num_rounds: int, stage_of: Callable[[int], int], labels: torch.Tensor,
+                 domains: torch.Tensor, domain_names: tuple[str, ...]) -> None:
         self.labels, self.domains = labels, domains  # of the test rows, on the model's device
         # with several domains, accuracy on each domain's test rows too (the union is `accuracy`)
         self.domain_names = domain_names if len(domain_names) > 1 else ()
@@ -37,7 +36,7 @@ class CentralEvaluator(ABC):
         self.round_seconds: dict[int, float] = {}  # round -> seconds from the last one's end
         self.done_at: dict[int, float] = {}  # round -> when its evaluation ended
         self.validation_accuracy: dict[int, float] = {}  # round -> on the validation rows
-        self.config = config
+        self.num_rounds, self.stage_of = num_rounds, stage_of  # for the round's log line
         self.round_info: Callable[[int], dict] = lambda _round: {}  # the strategy's record
         # federated validation: the federation's validation accuracy of a round, if summed
         self.federated_validation: Callable[[int], float | None] = lambda _round: None
@@ -111,8 +110,8 @@ class CentralEvaluator(ABC):
     def _say_round(self, server_round: int, acc: float) -> None:
         """The run's one line per round for its user: stage, accuracy, the round's seconds,
         and failed clients if any."""
-        width = len(str(self.config.num_server_rounds))
-        where = f"round {server_round:>{width}}/{self.config.num_server_rounds}"
+        width = len(str(self.num_rounds))
+        where = f"round {server_round:>{width}}/{self.num_rounds}"
         validation = self.validation_accuracy.get(server_round)
         on_validation = f"  validation {validation:.4f}" if validation is not None else ""
         if server_round == 0:
@@ -121,5 +120,5 @@ class CentralEvaluator(ABC):
         info = self.round_info(server_round)
         faults = ", ".join(f"{info[key]} {what}" for key, what in ROUND_FAULTS if info.get(key))
         say(INFO, "%s  stage %d  accuracy %.4f%s  %5.1f s%s", where,
-            self.config.stage_for_round(server_round), acc, on_validation,
+            self.stage_of(server_round), acc, on_validation,
             self.round_seconds[server_round], f"  ({faults})" if faults else "")

@@ -52,7 +52,8 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import RdpAccountant
 from flwr.supercore.differential_privacy import compute_clip_model_update, compute_stdv
 
-from ovalp_flwr.config import RunConfig
+from ovalp_flwr.federation.options import RoundOptions
+from ovalp_flwr.privacy.options import PrivacyOptions
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.federation.replies import TrainReply
 from ovalp_flwr.federation.strategy import sample_size
@@ -219,64 +220,65 @@ class PrivateRounds:
         return heads, []
 
 
-def statistics_noise(config: RunConfig) -> float:
+def statistics_noise(dp: PrivacyOptions) -> float:
     """σ for the start's statistics: one release spending `dp-statistics-epsilon`."""
-    return noise_multiplier_for(config.dp_statistics_epsilon, 1, config.dp_delta)
+    return noise_multiplier_for(dp.dp_statistics_epsilon, 1, dp.dp_delta)
 
 
-def rounds_releases(config: RunConfig, population: int) -> Releases:
+def rounds_releases(dp: PrivacyOptions, rounds: RoundOptions, population: int) -> Releases:
     """The rounds as the accountant sees them: `num-server-rounds` releases, each over the
     clients the strategy samples (`fraction-train` of the `population` nodes, a fixed number
     drawn without replacement from OS entropy: amplification by sampling), at the σ that
     spends `dp-rounds-epsilon` together."""
-    count, sample = max(config.num_server_rounds, 1), sample_size(population, config.fraction_train)
-    sigma = noise_multiplier_for(config.dp_rounds_epsilon, count, config.dp_delta, sample,
-                                 population)
+    count, sample = max(rounds.num_server_rounds, 1), sample_size(population, rounds.fraction_train)
+    sigma = noise_multiplier_for(dp.dp_rounds_epsilon, count, dp.dp_delta, sample, population)
     return Releases(sigma, count, sample, population)
 
 
-def private_rounds(config: RunConfig, population: int = 1) -> PrivateRounds | None:
+def private_rounds(dp: PrivacyOptions, rounds: RoundOptions,
+                   population: int = 1) -> PrivateRounds | None:
     """The run's DP aggregation of the rounds over `population` nodes, or None when they are
     not private."""
-    if config.dp_rounds_epsilon <= 0:
+    if dp.dp_rounds_epsilon <= 0:
         return None
-    return PrivateRounds(rounds_releases(config, population).noise_multiplier, config.dp_clip)
+    return PrivateRounds(rounds_releases(dp, rounds, population).noise_multiplier, dp.dp_clip)
 
 
 def _epsilon(value: float, covered: bool) -> float | str:
     return value if covered else INFINITE
 
 
-def privacy_report(config: RunConfig, population: int = 1) -> dict:
+def privacy_report(dp: PrivacyOptions, rounds: RoundOptions, made: Sequence[str],
+                   secure_sum: bool, population: int = 1) -> dict:
     """What `summary.json` says of the privacy spent: per mechanism, its σ, clip, releases and
     the ε it alone spends; for the run, one accountant's ε at each level (example, client),
-    "inf" where a release is not covered, and the releases that are not."""
+    "inf" where a release is not covered, and the releases that are not. `made`: the run's
+    data releases (the config's `data_releases`); `secure_sum`: the statistics summed under
+    SecAgg+."""
     mechanisms: dict[str, dict] = {}
     releases: dict[str, Releases] = {}
-    made = config.data_releases
-    if "statistics" in made and config.dp_statistics_epsilon > 0:
-        releases["statistics"] = Releases(statistics_noise(config))
-        mechanisms["statistics"] = {"level": "example", "clip": config.dp_feature_clip,
-                                    "trust": "distributed" if config.statistics_aggregation
-                                    == "secagg+" else "central"}
-    if "rounds" in made and config.dp_rounds_epsilon > 0:
-        releases["rounds"] = rounds_releases(config, population)
-        mechanisms["rounds"] = {"level": "client", "clip": config.dp_clip, "trust": "central",
+    if "statistics" in made and dp.dp_statistics_epsilon > 0:
+        releases["statistics"] = Releases(statistics_noise(dp))
+        mechanisms["statistics"] = {"level": "example", "clip": dp.dp_feature_clip,
+                                    "trust": "distributed" if secure_sum else "central"}
+    if "rounds" in made and dp.dp_rounds_epsilon > 0:
+        releases["rounds"] = rounds_releases(dp, rounds, population)
+        mechanisms["rounds"] = {"level": "client", "clip": dp.dp_clip, "trust": "central",
                                 "sampled": releases["rounds"].sample, "population": population}
     for name, mechanism in mechanisms.items():
         release = releases[name]
         mechanism.update(noise_multiplier=release.noise_multiplier, releases=release.count,
-                         epsilon=composed_epsilon([release], config.dp_delta),
-                         delta=config.dp_delta)
+                         epsilon=composed_epsilon([release], dp.dp_delta),
+                         delta=dp.dp_delta)
     uncovered = [name for name in made if name not in mechanisms]
     by_client = [r for name, r in releases.items() if mechanisms[name]["level"] == "client"]
-    example = composed_epsilon(list(releases.values()), config.dp_delta) if releases else 0.0
-    client = composed_epsilon(by_client, config.dp_delta) if by_client else 0.0
+    example = composed_epsilon(list(releases.values()), dp.dp_delta) if releases else 0.0
+    client = composed_epsilon(by_client, dp.dp_delta) if by_client else 0.0
     amplified = any(r.sample < r.population for r in releases.values())
     return {**mechanisms,
             "run": {"example_epsilon": _epsilon(example, not uncovered),
                     "client_epsilon": _epsilon(client, not uncovered and "statistics" not in mechanisms),
-                    "delta": config.dp_delta, "uncovered": uncovered,
+                    "delta": dp.dp_delta, "uncovered": uncovered,
                     "amplification_by_sampling": amplified},
             "neighbouring": NEIGHBOURS, "noise": NOISE_SOURCE,
             "trust": {m["trust"]: TRUST[m["trust"]] for m in mechanisms.values()}}

@@ -10,7 +10,8 @@ from logging import INFO
 
 import numpy as np
 
-from ovalp_flwr.config import WEIGHT_DECAY_PATH, RunConfig
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.core.options import WEIGHT_DECAY_PATH
 from ovalp_flwr.core.decay_path import DecayPath
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.core.quasi_newton import GramPreconditioner, ServerLBFGS
@@ -99,7 +100,7 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         exclude_after=config.exclude_after_rejections,
         robust=(RobustAggregation(config.robust_aggregation, config.robust_fraction)
                 if config.robust_aggregation != "none"
-                else private_rounds(config, max(len(sizes or {}), 1))),
+                else private_rounds(config.privacy, config.rounds, max(len(sizes or {}), 1))),
         secret_sampling=config.dp_rounds_epsilon > 0,
         control_variates=(ControlVariates(config.learning_rate,
                                           held_by_clients=config.scaffold_variates == "clients")

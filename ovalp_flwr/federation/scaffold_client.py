@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
-from ovalp_flwr.config import RunConfig
+from ovalp_flwr.federation.options import RoundOptions
 from ovalp_flwr.federation.protocol import (ARRAYS, CONFIG, CORRECTION, SHARED_VARIATE, VARIATE,
                                             VARIATE_ROUND, from_record, record_of, to_record,
                                             view_record)
@@ -43,16 +43,16 @@ def drift_offset(msg: Message, context: Context) -> dict[str, np.ndarray] | None
     return {key: np.subtract(value, own[key]) for key, value in shared.items()}
 
 
-def reply_variate(config: RunConfig, context: Context, msg: Message,
+def reply_variate(rounds: RoundOptions, learning_rate: float, context: Context, msg: Message,
                   trained: dict[str, np.ndarray], steps: int,
                   sent: dict[str, np.ndarray] | None) -> ArrayRecord | None:
     """With `scaffold-variates = "clients"` and local steps taken: this node's new c_i
     (`scaffold.next_variate` on the message's arrays, as the server would compute it), kept in
     the Context with the round it answers and returned for the reply; else None."""
-    if config.drift_correction != "scaffold" or config.scaffold_variates != "clients" or not steps:
+    if rounds.drift_correction != "scaffold" or rounds.scaffold_variates != "clients" or not steps:
         return None
     start = view_record(msg.content[ARRAYS])
-    variate = next_variate(start, trained, float(steps), config.learning_rate, sent)
+    variate = next_variate(start, trained, float(steps), learning_rate, sent)
     record = to_record(variate)
     context.state[VARIATE] = record
     context.state[VARIATE_ROUND] = ConfigRecord(

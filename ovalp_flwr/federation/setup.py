@@ -17,7 +17,6 @@ from ovalp_flwr.core.head_init.leave_out import changed, without
 from ovalp_flwr.core.head_init.statistics import ClassStatistics, wire_bytes
 from ovalp_flwr.core.normalize import (NEEDS_STATS, FeatureMoments, NormStats,
                                       standardized_totals)
-from ovalp_flwr.config import RunConfig
 from ovalp_flwr.features.cache import CachedFeatures
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.exchange import (CountingGrid, FederationError, SetupCosts,
@@ -290,9 +289,9 @@ def leave_out(clients: dict[int, dict], nodes: list[int]) -> None:
         raise FederationError("every node was left out of the federation: see the warnings above")
 
 
-def global_stats(config: RunConfig, clients: dict[int, dict]) -> NormStats | None:
+def global_stats(feature_norm: str, clients: dict[int, dict]) -> NormStats | None:
     """Merge the clients' moments into the global mean/std (None if the norm needs none)."""
-    if not NEEDS_STATS[config.feature_norm]:
+    if not NEEDS_STATS[feature_norm]:
         return None
     parts = [FeatureMoments(int(c[p.NUM_EXAMPLES]), c[p.MOMENTS]["sum"], c[p.MOMENTS]["sum-sq"])
              for c in clients.values() if p.MOMENTS in c]

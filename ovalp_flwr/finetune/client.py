@@ -23,7 +23,7 @@ from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.node import (local_schedule, local_test_split, node_partition,
                                         partition_spec, run_config)
 from ovalp_flwr.federation.scaffold_client import drift_offset, reply_variate
-from ovalp_flwr.finetune import make_method
+from ovalp_flwr.finetune.methods import make_method
 from ovalp_flwr.finetune.base import FinetuneMethod
 from ovalp_flwr.finetune.data import RawData, partitions, run_data
 from ovalp_flwr.finetune.flora import FLoRA
@@ -74,7 +74,7 @@ def setup(config: RunConfig, data_dir: str | None = None) -> Setup:
         encoder = load_encoder(config.encoder, device="cpu",
                                image_size=config.cache_options()["image_size"])
         data = run_data(config, getattr(encoder, "tokenize", None))
-        method = make_method(config)
+        method = make_method(config.finetuning)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             model = method.prepare(build_classifier(encoder, data.num_classes, config.seed, device))
@@ -151,7 +151,8 @@ def train(msg: Message, context: Context) -> Message:
             shuffle_generator(config.seed, int(round_config["server-round"]), partition_id),
             gradient_offsets(model, offset))
         arrays = method.trainable_arrays(model)
-        variate = reply_variate(config, context, msg, arrays, steps, offset)
+        variate = reply_variate(config.rounds, config.learning_rate, context, msg, arrays, steps,
+                                offset)
     for key, record in state_updates.items():  # the round went through: keep what it merged
         context.state[key] = record
     metrics = MetricRecord({p.NUM_EXAMPLES: len(labels), p.TRAIN_LOSS: 0.0 if not steps else loss,
@@ -213,7 +214,8 @@ def personalize(msg: Message, context: Context) -> Message:
     built.method.load_trainable(built.model, p.from_record(msg.content[p.ARRAYS]))
     reference = {n: q.detach().clone() for n, q in built.model.named_parameters()}
     return personalization_reply(
-        msg, context, config, built.model, node_rows(config, context),
+        msg, context, config.personalization, config.head, config.seed, built.model,
+        node_rows(config, context),
         node_test_rows(config, context),
         lambda model: moved_arrays(model, reference, built.method))
 

@@ -80,8 +80,9 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
                            "model_parameters": int(sum(t.numel() for t in
                                                        built.model.state_dict().values()))}
     if config.personalization_methods:
-        summary["personalization"] = personalize_after(grid, config, clients, result.arrays,
-                                                       None, run_name, EncoderScorer(evaluator))
+        summary["personalization"] = personalize_after(grid, config.personalization, clients,
+                                                       result.arrays, None, run_name,
+                                                       EncoderScorer(evaluator))
     summary["total_seconds"] = time.time() - started
     out = write_run(resolve_path(config.results_dir), run_name, summary)
     say(INFO, "final accuracy %.4f after %d rounds (finetune %s, %s, %s); results in %s",
@@ -119,7 +120,8 @@ class EncoderEvaluator(CentralEvaluator):
     def __init__(self, built: Setup, config: RunConfig, load: Callable[[ArrayRecord], None]) -> None:
         self.built, self.load = built, load
         self.device = built.model.weight.device
-        super().__init__(config, torch.from_numpy(built.data.test.labels).to(self.device),
+        super().__init__(config.num_server_rounds, config.stage_for_round,
+                         torch.from_numpy(built.data.test.labels).to(self.device),
                          torch.from_numpy(built.data.test.domains).to(self.device),
                          built.data.domain_names)
 

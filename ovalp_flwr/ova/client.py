@@ -135,7 +135,7 @@ def _statistics_fitres(msg: Message, context: Context) -> Message:
         stats = client_statistics(config, context, request, digest)
         examples = stats.num_samples
         if p.NOISE_SHARES in request and examples:  # distributed DP: this client's share
-            stats = statistics_noise_share(stats, statistics_noise(config),
+            stats = statistics_noise_share(stats, statistics_noise(config.privacy),
                                            config.dp_feature_clip, int(request[p.NOISE_SHARES]))
         vector, what = stats.per_sample_vector(examples), "per-sample statistic"
     limit = float(request[p.CLIPPING_RANGE])
@@ -174,7 +174,8 @@ def train(msg: Message, context: Context) -> Message:
         p.LOCAL_STEPS: result.steps,
     })
     content = RecordDict({p.ARRAYS: p.to_record(result.arrays), p.METRICS: metrics})
-    variate = reply_variate(config, context, msg, result.arrays, result.steps, offset)
+    variate = reply_variate(config.rounds, config.learning_rate, context, msg, result.arrays,
+                            result.steps, offset)
     if variate is not None:
         content[p.VARIATE] = variate
     return Message(content=content, reply_to=msg)
@@ -302,7 +303,8 @@ def personalize(msg: Message, context: Context) -> Message:
     test_rows = _device_rows(config, context, digest, split="test")
     global_model = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), features.device,
                                     config.adapter_activation)
-    return personalization_reply(msg, context, config, global_model, (features, labels),
+    return personalization_reply(msg, context, config.personalization, config.head, config.seed,
+                                 global_model, (features, labels),
                                  test_rows, model_to_numpy)
 
 

@@ -79,15 +79,16 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     if config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
         # central DP adds the noise here; under SecAgg+ the clients added it (distributed DP)
         noisy = setup.statistics.total if setup.statistics.secure else \
-            statistics_noise_share(setup.statistics.total, statistics_noise(config),
+            statistics_noise_share(setup.statistics.total, statistics_noise(config.privacy),
                                    config.dp_feature_clip)
-        setup.statistics.total = postprocessed(noisy, statistics_noise(config),
+        setup.statistics.total = postprocessed(noisy, statistics_noise(config.privacy),
                                                config.dp_feature_clip)
     validation = validation_rows(config, cache, setup.norm)
     chosen = {}
     if choosing_lambda:  # before the check (it scores starts at this penalty), and after it
         init, chosen = chosen_penalty(setup.statistics, validation)
-    checked = checked_start(config, init, setup.statistics, setup.clients, setup.norm,
+    checked = checked_start(config.robustness, config.seed, config.feature_norm, init,
+                            setup.statistics, setup.clients, setup.norm,
                             validation.features, validation.labels) \
         if config.robust_start != "none" else {}
     if choosing_lambda and (checked.get("left_out") or checked.get("screened_out")
@@ -142,13 +143,15 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     if getattr(strategy, "path", None) is not None:
         summary["weight_decay_path"] = strategy.path.summary()
     if config.dp_statistics_epsilon > 0 or config.dp_rounds_epsilon > 0:
-        summary["privacy"] = privacy_report(config, len(clients))
+        summary["privacy"] = privacy_report(
+            config.privacy, config.rounds, config.data_releases,
+            config.statistics_aggregation == "secagg+", len(clients))
     if checkpoints.resumes:
         summary["resumes"] = checkpoints.resumes
     if config.personalization_methods:
         scorer = FeatureScorer(evaluator.features, evaluator.labels, config.adapter_activation)
-        summary["personalization"] = personalize_after(grid, config, clients, result.arrays,
-                                                       stats, run_name, scorer)
+        summary["personalization"] = personalize_after(grid, config.personalization, clients,
+                                                       result.arrays, stats, run_name, scorer)
     summary["total_seconds"] = checkpoints.seconds_before + time.time() - started
     out = write_run(resolve_path(config.results_dir), run_name, summary,
                     carry=(CHECKPOINT_FILE, *part_files(run_dir)))
@@ -185,7 +188,7 @@ def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeature
     partition = partition_summary(config, clients, lambda n: all_partitions(config, n),
                                   cache.train.y, cache.train.domain, cache.domain_names)
     say(INFO, "partition %s", partition)
-    norm = global_stats(config, clients)
+    norm = global_stats(config.feature_norm, clients)
     if norm is not None:
         refused = broadcast_stats(grid, norm, list(clients), costs=costs,
                                   request={} if secure else request, statistics=summed,
@@ -224,7 +227,7 @@ def _statistics_range(config: RunConfig, clients: dict[int, dict]) -> float:
     if config.dp_statistics_epsilon > 0:
         row_norm = min(row_norm or math.inf, config.dp_feature_clip)
         shares = _noise_shares(config, clients)[p.NOISE_SHARES]
-        share_std = (statistics_noise(config) * 2 * max(statistics_sensitivities(
+        share_std = (statistics_noise(config.privacy) * 2 * max(statistics_sensitivities(
             config.dp_feature_clip)) / math.sqrt(max(shares, 1)))
         return statistics_range(row_norm, share_std)
     return statistics_range(row_norm)
@@ -333,11 +336,13 @@ class FeatureEvaluator(CentralEvaluator):
         self.validation = None if validation is None else (
             torch.from_numpy(validation.features).to(self.device),
             torch.from_numpy(validation.labels).to(self.device))
-        super().__init__(config, torch.from_numpy(cache.test.y.astype(np.int64)).to(self.device),
+        self.activation = config.adapter_activation
+        super().__init__(config.num_server_rounds, config.stage_for_round,
+                         torch.from_numpy(cache.test.y.astype(np.int64)).to(self.device),
                          torch.from_numpy(cache.test.domain).to(self.device), cache.domain_names)
 
     def _head(self, arrays: ArrayRecord) -> torch.nn.Module:
-        return model_from_numpy(p.from_record(arrays), self.device, self.config.adapter_activation)
+        return model_from_numpy(p.from_record(arrays), self.device, self.activation)
 
     def _right(self, arrays: ArrayRecord) -> torch.Tensor:
         with torch.inference_mode():

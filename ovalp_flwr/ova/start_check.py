@@ -9,7 +9,7 @@ from logging import INFO
 
 import numpy as np
 
-from ovalp_flwr.config import RunConfig
+from ovalp_flwr.federation.aggregators.options import RobustOptions
 from ovalp_flwr.core.head_init import HeadInit
 from ovalp_flwr.core.head_init.leave_out import gains, leave_out_check
 from ovalp_flwr.core.head_init.screen import against_its_word, repaired, screen
@@ -19,9 +19,9 @@ from ovalp_flwr.federation.setup import StatisticsSum
 from ovalp_flwr.ops.console import say
 
 
-def checked_start(config: RunConfig, init: HeadInit, summed: StatisticsSum,
-                  clients: dict[int, dict], norm: NormStats | None, features: np.ndarray,
-                  labels: np.ndarray) -> dict:
+def checked_start(robust: RobustOptions, seed: int, feature_norm: str, init: HeadInit,
+                  summed: StatisticsSum, clients: dict[int, dict], norm: NormStats | None,
+                  features: np.ndarray, labels: np.ndarray) -> dict:
     """`robust-start`: the clients whose statistics break the others' consensus or their own
     moments (`head_init.screen`): those that broke their moments mended to agree with them, or
     all taken out of the start's sums together, as the validation rows say
@@ -34,15 +34,14 @@ def checked_start(config: RunConfig, init: HeadInit, summed: StatisticsSum,
     started = time.perf_counter()
     partition = {node: int(clients[node][p.PARTITION_ID]) for node in clients}
     held, kept = len(summed.kept), summed.kept
-    described = (summed.described(clients, norm)
-                 if config.feature_norm == "standardize" else {})
+    described = summed.described(clients, norm) if feature_norm == "standardize" else {}
     screened = screen(kept, described)
     mended = {node: repaired(kept[node], described[node]) for node in screened
               if node in described and against_its_word(kept[node], described[node])}
     candidates = {"out": dict.fromkeys(screened), **({"repaired": mended} if mended else {})}
     gain = gains(init, summed.total, kept, candidates if screened else {}, features,
-                 labels, config.seed)
-    chosen = screen_verdict(gain, config.robust_start_margin)
+                 labels, seed)
+    chosen = screen_verdict(gain, robust.robust_start_margin)
     if chosen == "out":
         summed.drop(list(screened))
     elif chosen == "repaired":
@@ -58,10 +57,10 @@ def checked_start(config: RunConfig, init: HeadInit, summed: StatisticsSum,
         "-" if "repaired" not in gain else f"{gain['repaired']:+.4f}",
         {"out": "taken out", "repaired": "mended"}.get(chosen, "kept"),
         "".join(f"; partition {partition[n]}: {why}" for n, why in list(screened.items())[:3]))
-    if config.robust_start != "leave-out":
+    if robust.robust_start != "leave-out":
         return found
     check = leave_out_check(init, summed.total, summed.kept, features,
-                            labels, config.seed, config.robust_start_margin)
+                            labels, seed, robust.robust_start_margin)
     summed.drop(check.left_out)
     say(INFO, "robust-start: %d of %d clients left out (start %.4f with the rest, on %d "
         "validation rows; %.1f s)", len(check.left_out), len(summed.kept) + len(check.left_out),

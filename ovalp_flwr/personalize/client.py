@@ -17,17 +17,18 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.heads import accuracy, loss_for
 from ovalp_flwr.core.model import FeatureModel
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.node import node_partition
 from ovalp_flwr.personalize.base import LocalData, Task
 from ovalp_flwr.personalize.methods import make_personalizer
+from ovalp_flwr.personalize.options import PersonalizeOptions
 from ovalp_flwr.personalize.store import write_model
 
 
-def personalization_reply(msg: Message, context: Context, config: RunConfig, global_model,
+def personalization_reply(msg: Message, context: Context, config: PersonalizeOptions,
+                          head: str, seed: int, global_model,
                           train_rows: tuple[torch.Tensor, torch.Tensor],
                           test_rows: tuple[torch.Tensor, torch.Tensor],
                           arrays_of: Callable[[FeatureModel], dict[str, np.ndarray]]) -> Message:
@@ -45,7 +46,7 @@ def personalization_reply(msg: Message, context: Context, config: RunConfig, glo
             snapshots[epoch] = arrays_of(model)
 
     personalizer = make_personalizer(method, config.personalizer_options(method))
-    task = Task(loss_for(config.head, stage=2), pft_generator(config.seed, context), on_epoch)
+    task = Task(loss_for(head, stage=2), pft_generator(seed, context), on_epoch)
     global_correct = right_predictions(global_model, test_x, test_y)  # before it is moved
     started = time.perf_counter()
     model = (personalizer.personalize(global_model, LocalData(features, labels), task)

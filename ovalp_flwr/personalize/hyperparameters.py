@@ -1,7 +1,7 @@
 """Every personalization method's hyperparameters and their checks, without torch.
 
-A run config is validated before anything trains (`ovalp_flwr.config.RunConfig`), so what it
-needs from the methods lives here: their names, each one's frozen dataclass of
+A run config is validated before anything trains (`personalize/options.PersonalizeOptions`), so
+what it needs from the methods lives here: their names, each one's frozen dataclass of
 hyperparameters with its defaults and its `check`, and `HyperparameterError`. The method
 modules (`ft`, `lp`, `lp_ft`, ...) import their `Hyperparameters` from here and add the
 training, which needs torch. A knob's `doc` metadata is its line in docs/config.md.
@@ -18,7 +18,7 @@ PFT_OPTIMIZERS = ("adamw", "sgd")  # ovalp_flwr.core.training's local optimizers
 
 class HyperparameterError(ValueError):
     """A bad method name or `pft.<method>.<key>` value; one line naming the run-config key, the
-    value and what is allowed (`config.RunConfig` turns it into its `ConfigError`)."""
+    value and what is allowed (`PersonalizeOptions.check` turns it into its `ConfigError`)."""
 
     def __init__(self, method: str | None, key: str, value: Any, allowed: str) -> None:
         self.key = key if method is None else f"pft.{method}.{key}"

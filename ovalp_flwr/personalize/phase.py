@@ -21,10 +21,10 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ovalp_flwr.federation import protocol as p
-from ovalp_flwr.config import RunConfig
 from ovalp_flwr.ops.console import say
 from ovalp_flwr.personalize.metrics import (CrossScores, ServerScores, mean_global, per_client,
                                             per_client_on_server, summarize)
+from ovalp_flwr.personalize.options import PersonalizeOptions
 from ovalp_flwr.personalize.scoring import ScoreModels, ServerScorer
 from ovalp_flwr.core.normalize import NormStats
 from ovalp_flwr.federation.exchange import FederationError, SetupCosts, exchange
@@ -39,7 +39,7 @@ GLOBAL_MEANS = {
 }
 
 
-def personalization_phase(grid: Grid, config: RunConfig, clients: dict[int, dict],
+def personalization_phase(grid: Grid, config: PersonalizeOptions, clients: dict[int, dict],
                           global_arrays: ArrayRecord, digest: str, run_name: str,
                           scorer: ServerScorer) -> dict:
     """Every method of `personalize`, and the global model as their reference; what
@@ -231,7 +231,7 @@ def _say(method: str, summary: dict, seconds: float) -> None:
         f"  ({seconds:.1f} s)" if seconds else "")
 
 
-def personalize_after(grid: Grid, config: RunConfig, clients: dict[int, dict],
+def personalize_after(grid: Grid, config: PersonalizeOptions, clients: dict[int, dict],
                       arrays: ArrayRecord, stats: NormStats | None, run_name: str,
                       scorer: ServerScorer) -> dict:
     """The personalization phase; if a client fails it, the federated run's results are

@@ -13,7 +13,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ovalp_flwr.config import RunConfig
 from ovalp_flwr.experiments.report import personalization
 from ovalp_flwr.experiments.report.cells import SPEED_TABLE, TARGET, VALIDATION_TABLE, metrics
 from ovalp_flwr.experiments.report.runs import (METHOD_AXIS, NOISE_AXIS, Choices, RunResult,
@@ -209,7 +208,7 @@ def target_definition(preset: Preset, runs: Sequence[RunResult]) -> str:
     if preset.ceiling_fraction is not None:
         bars = {}
         for run in runs:
-            config = RunConfig.from_mapping(run.spec.run_config)
+            config = run.spec.config
             bars[f"{config.dataset} / {config.encoder}"] = run.target / preset.ceiling_fraction
         ceilings = ", ".join(f"{case} {100 * value:.2f}%" for case, value in bars.items())
         return CEILING_DEFINITION.format(share=f"{100 * preset.ceiling_fraction:g}",

@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ovalp_flwr.config import RunConfig
 from ovalp_flwr.experiments.ceiling import CEILING_FILE, CeilingError, ceiling
 from ovalp_flwr.experiments.sweep import Preset, RunSpec, config_mismatch
 from ovalp_flwr.federation.metrics import (acc_at, bytes_through, cost_to_round, first_round_at,
@@ -77,7 +76,7 @@ def load_runs(preset: Preset, specs: Sequence[RunSpec], results_root: Path,
               ceilings: Path = CEILING_FILE) -> tuple[list[RunResult], list[tuple[str, str]]]:
     """The finished runs, paired for R(t) and decline, and (name, why) for every other one."""
     found, missing = [], []
-    horizon = max(RunConfig.from_mapping(s.run_config).num_server_rounds for s in specs)
+    horizon = max(spec.config.num_server_rounds for spec in specs)
     for spec in specs:
         result = read_run(preset.results_dir(results_root) / spec.name, spec, horizon,
                           target_of(preset, spec, ceilings))
@@ -92,7 +91,7 @@ def target_of(preset: Preset, spec: RunSpec, ceilings: Path = CEILING_FILE) -> f
     """The preset's fixed target accuracy, or its share of the run's dataset's ceiling."""
     if preset.ceiling_fraction is None:
         return preset.target_accuracy
-    config = RunConfig.from_mapping(spec.run_config)
+    config = spec.config
     try:
         return preset.ceiling_fraction * ceiling(config.dataset, config.encoder, ceilings)
     except CeilingError as err:
