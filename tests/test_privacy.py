@@ -248,7 +248,7 @@ def test_sampling_amplifies_the_rounds_as_the_strategy_draws_them():
     assert report["rounds"]["sampled"] == 100 and report["rounds"]["population"] == 10_000
     assert report["run"]["amplification_by_sampling"] is True
     assert report["rounds"]["epsilon"] == pytest.approx(2.0, rel=1e-3)
-    assert make_strategy(config, sizes={n: 5 for n in range(10_000)}).robust.noise_multiplier \
+    assert make_strategy(config, sizes={n: 5 for n in range(10_000)}).privacy.noise_multiplier \
         == pytest.approx(sampled.noise_multiplier)
 
 

@@ -10,7 +10,8 @@ from ovalp_flwr.ops.console import MARK
 from ovalp_flwr.federation.local_grid import InProcessGrid
 from ovalp_flwr.federation.rounds import make_strategy, weight_cap
 from ovalp_flwr.federation.scaffold import ControlVariates
-from ovalp_flwr.federation.strategy import StagedFedAdam, StagedFedAvg
+from ovalp_flwr.federation.steps.fedadam import FedAdamStep
+from ovalp_flwr.federation.strategy import StagedFedAvg
 
 
 def make_grid(num_nodes=4):
@@ -128,8 +129,8 @@ def test_the_cap_is_a_multiple_of_the_median_count_described_by_nodes_with_data(
     sizes = {1: 100, 2: 100, 3: 1000, 4: 0, 5: 80}  # a forger's 1000 and an empty node
     assert weight_cap(2.0, sizes) == 200.0
     assert weight_cap(0.0, sizes) is None and weight_cap(2.0, {1: 0}) is None
-    assert make_strategy(RunConfig(weight_cap=2.0), sizes=sizes).max_weight == 200.0
-    assert make_strategy(RunConfig(), sizes=sizes).max_weight is None
+    assert make_strategy(RunConfig(weight_cap=2.0), sizes=sizes).screen.max_weight == 200.0
+    assert make_strategy(RunConfig(), sizes=sizes).screen.max_weight is None
 
 
 def test_scaffold_sends_no_correction_until_clients_have_reported():
@@ -168,7 +169,7 @@ def test_scaffold_starts_afresh_when_the_stage_changes():
 
 
 def test_fedadam_keeps_the_head_dtype():
-    strategy = StagedFedAdam(stage_for_round=lambda r: 2, seed=0, eta=0.1)
+    strategy = StagedFedAvg(stage_for_round=lambda r: 2, seed=0, step=FedAdamStep(eta=0.1))
     strategy, sent = requests(2, strategy)
     arrays, _ = strategy.aggregate_train(1, [reply(m, 1.0, 5) for m in sent])
     assert arrays["weight"].numpy().dtype == np.float32
@@ -180,7 +181,7 @@ def test_run_config_picks_the_strategy():
     assert make_strategy(RunConfig()).variates.learning_rate == 0.05  # the default: SCAFFOLD
     assert make_strategy(RunConfig(local_optimizer="adamw", drift_correction="none")).variates is None
     adam = make_strategy(RunConfig(server_optimizer="fedadam", server_learning_rate=0.03))
-    assert type(adam) is StagedFedAdam and adam.eta == 0.03
+    assert type(adam.step) is FedAdamStep and adam.step.flower.eta == 0.03
     scaffold = make_strategy(RunConfig(local_optimizer="sgd", drift_correction="scaffold",
                                        learning_rate=0.2, aggregation_weights="uniform"))
     assert scaffold.variates.learning_rate == 0.2 and scaffold.aggregation_weights == "uniform"
@@ -210,7 +211,8 @@ def test_the_staged_average_is_flowers_fedavg_and_fedadam_bit_for_bit():
     flowers, flower_metrics = FedAvg(weighted_by_key=p.NUM_EXAMPLES).aggregate_train(1, replies)
     assert np.array_equal(ours["weight"].numpy(), flowers["weight"].numpy())
     assert dict(metrics) == dict(flower_metrics)
-    adam, sent = requests(6, StagedFedAdam(stage_for_round=lambda r: 2, seed=0, eta=0.1), start=0.3)
+    adam, sent = requests(6, StagedFedAvg(stage_for_round=lambda r: 2, seed=0,
+                                          step=FedAdamStep(eta=0.1)), start=0.3)
     flower_adam = FedAdam(eta=0.1, weighted_by_key=p.NUM_EXAMPLES)
     flower_adam.current_arrays = {"weight": np.full((2, 3), 0.3, np.float32)}
     for server_round in (1, 2):
@@ -262,7 +264,7 @@ def test_a_non_finite_reply_is_refused_and_the_mean_is_the_others():
         strategy, sent = requests(3, strategy_for(config))
         if check:
             clients = {m.metadata.dst_node_id: {p.NUM_EXAMPLES: 5} for m in sent}
-            strategy.check_reply = lambda node, arrays, metrics, glob: None if node in clients \
+            strategy.screen.check_reply = lambda node, arrays, metrics, glob: None if node in clients \
                 else "unknown"
         bad = np.ones((2, 3), np.float32)
         bad[1, 2] = np.nan

@@ -12,7 +12,7 @@ from flwr.serverapp import Grid
 
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.errors import FederationError
-from ovalp_flwr.federation.strategy import message_bytes
+from ovalp_flwr.federation.costs import message_bytes
 
 
 def wait_for_nodes(grid: Grid, timeout: float = 120.0, settle: float = 1.0) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ovalp_flwr.federation.steps import STEPS
 from ovalp_flwr.options import (ConfigError, Options, Whole, at_least, key, must_be, one_of,
                                 positive, share)
 
@@ -13,7 +14,7 @@ SCHEDULES = ("two-stage", "single-stage")
 AGGREGATION_WEIGHTS = ("samples", "uniform")
 DRIFT_CORRECTIONS = ("none", "scaffold")
 SCAFFOLD_VARIATES = ("server", "clients")  # who computes and keeps c_i: federation.scaffold
-SERVER_OPTIMIZERS = ("fedavg", "fedadam", "lbfgs")
+SERVER_OPTIMIZERS = (*STEPS, "lbfgs")  # steps/: one file a step; lbfgs: server_lbfgs.py
 
 
 @dataclass(frozen=True)

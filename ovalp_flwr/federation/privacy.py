@@ -56,7 +56,7 @@ from ovalp_flwr.federation.options import RoundOptions
 from ovalp_flwr.privacy.options import PrivacyOptions
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.federation.replies import TrainReply
-from ovalp_flwr.federation.strategy import sample_size
+from ovalp_flwr.federation.costs import sample_size
 
 Arrays = dict[str, np.ndarray]
 INFINITE = "inf"  # summary.json's ε for a level some release is not covered at (JSON has no ∞)
@@ -192,12 +192,12 @@ def private_statistics(stats: ClassStatistics, noise_multiplier: float,
 @dataclasses.dataclass(frozen=True)
 class PrivateRounds:
     """Client-level DP for one round: clipped updates, their unweighted mean over the clients
-    sampled, Gaussian noise. Called where `RobustAggregation` is: returns the new heads and
-    the replies the control variates may learn from (none: DP rounds run without SCAFFOLD)."""
+    sampled, Gaussian noise: the round's combination in place of the mean (the strategy's
+    `privacy`), before the server's step. Returns the new heads and the replies the control
+    variates may learn from (none: DP rounds run without SCAFFOLD)."""
 
     noise_multiplier: float
     clip: float
-    private = True  # the strategy records no client metric (their train loss) beside the round
 
     def __call__(self, replies: Sequence[TrainReply], global_arrays: Arrays,
                  server_round: int = 0, sampled: int = 0) -> tuple[Arrays, list[TrainReply]]:

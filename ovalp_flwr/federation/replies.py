@@ -10,13 +10,14 @@ place, so the global model is bit-identical to Flower's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-from ovalp_flwr.federation.protocol import ARRAYS, METRICS, NUM_EXAMPLES, record_of, view_record
+from ovalp_flwr.federation.protocol import (ACCURACY, ARRAYS, METRICS, NUM_EXAMPLES, record_of,
+                                            view_record)
 
 @dataclass(frozen=True)
 class TrainReply:
@@ -83,3 +84,33 @@ def weighted_metrics(replies: Sequence[TrainReply]) -> MetricRecord:
             else:
                 mean[key] = mean[key] + scaled
     return MetricRecord(mean)
+
+
+# --- reading replies: counts and scores -------------------------------------------------------
+
+
+def metric_record(message: Message) -> MetricRecord:
+    """The reply's one MetricRecord."""
+    return next(iter(message.content.metric_records.values()))
+
+
+def replies_with_data(replies: Iterable[Message]) -> list[Message]:
+    """Replies that carry no error and at least one example."""
+    return [m for m in replies if not m.has_error() and examples(m) > 0]
+
+
+def examples(message: Message) -> float:
+    """The reply's num-examples; 0 when it has none to read (a malformed reply)."""
+    records = message.content.metric_records
+    return number(next(iter(records.values())).get(NUM_EXAMPLES) if records else None)
+
+
+def number(value) -> float:
+    """A finite number as a float; anything else 0."""
+    return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else 0.0
+
+
+def plausible_score(message: Message) -> bool:
+    """An evaluate reply whose accuracy is a fraction (a wrong one would skew the average)."""
+    accuracy = metric_record(message).get(ACCURACY)
+    return isinstance(accuracy, float) and 0.0 <= accuracy <= 1.0

@@ -37,8 +37,8 @@ class RobustAggregation:
     def __call__(self, replies: Sequence[TrainReply], global_arrays: Arrays,
                  server_round: int = 0, sampled: int = 0) -> tuple[Arrays, list[TrainReply]]:
         """The round's robust combination of the replies' models, and the replies the control
-        variates may learn from (`admitted`). The round and the clients sampled are
-        `privacy.PrivateRounds`'s, which is called here too."""
+        variates may learn from (`admitted`). The round and the clients sampled: the rule's
+        check reads the round (`privacy.PrivateRounds`, in the same place, reads both)."""
         rule = aggregator(self.kind, self.fraction)
         rule.check(len(replies), server_round)
         combined, admitted = rule.combine(replies, global_arrays,

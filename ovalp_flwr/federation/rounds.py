@@ -22,7 +22,8 @@ from ovalp_flwr.federation.robust import RobustAggregation
 from ovalp_flwr.federation.scaffold import ControlVariates
 from ovalp_flwr.federation.server_lbfgs import StagedLBFGS
 from ovalp_flwr.federation.setup import num_partitions
-from ovalp_flwr.federation.strategy import ReplyCheck, Staged, StagedFedAdam, StagedFedAvg
+from ovalp_flwr.federation.steps import server_step
+from ovalp_flwr.federation.strategy import ReplyCheck, Staged, StagedFedAvg
 from ovalp_flwr.federation.validation import check_gradient_metrics, check_train_reply
 from ovalp_flwr.ops.console import say
 
@@ -99,8 +100,8 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         max_weight=weight_cap(config.weight_cap, sizes),
         exclude_after=config.exclude_after_rejections,
         robust=(RobustAggregation(config.robust_aggregation, config.robust_fraction)
-                if config.robust_aggregation != "none"
-                else private_rounds(config.privacy, config.rounds, max(len(sizes or {}), 1))),
+                if config.robust_aggregation != "none" else None),
+        privacy=private_rounds(config.privacy, config.rounds, max(len(sizes or {}), 1)),
         secret_sampling=config.dp_rounds_epsilon > 0,
         control_variates=(ControlVariates(config.learning_rate,
                                           held_by_clients=config.scaffold_variates == "clients")
@@ -122,6 +123,4 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
                            secure=config.statistics_aggregation == "secagg+", **options)
     if strategy_class is not None:
         return strategy_class(**options)
-    if config.server_optimizer == "fedadam":
-        return StagedFedAdam(eta=config.server_learning_rate, eta_l=config.learning_rate, **options)
-    return StagedFedAvg(**options)
+    return StagedFedAvg(step=server_step(config.rounds), **options)

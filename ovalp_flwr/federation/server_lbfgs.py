@@ -45,7 +45,8 @@ from ovalp_flwr.federation.protocol import (CURVATURE, LOSSES, NUM_EXAMPLES, TRA
                                             to_record)
 from ovalp_flwr.federation.replies import TrainReply, weighted_metrics
 from ovalp_flwr.federation.secure_sum import secure_average
-from ovalp_flwr.federation.strategy import Staged, message_bytes
+from ovalp_flwr.federation.costs import message_bytes
+from ovalp_flwr.federation.strategy import Staged
 from ovalp_flwr.ops.console import say
 
 # |entry| a client's mean gradient, loss or curvature may have under SecAgg+: standardised
@@ -213,7 +214,7 @@ class StagedLBFGS(Staged, FedAvg):
                 "holds", server_round, node, self.missed[node], self.sizes[node])
             self.sizes.pop(node)
             self.missed.pop(node)
-            self.excluded.add(node)  # no longer sampled: a gradient from it would not fit
+            self.screen.excluded.add(node)  # no longer sampled: a gradient from it would not fit
             self.dropped.append(node)
         if lasting:
             self.rounds[server_round]["dropped_from_objective"] = lasting

@@ -22,7 +22,7 @@ from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.exchange import (CountingGrid, FederationError, SetupCosts,
                                             exchange_in_chunks)
 from ovalp_flwr.federation.secure_sum import CLIPPING_RANGE, secure_statistics
-from ovalp_flwr.federation.strategy import message_bytes
+from ovalp_flwr.federation.costs import message_bytes
 from ovalp_flwr.federation.validation import check_description, check_moments, check_statistics
 from ovalp_flwr.ops.console import say
 

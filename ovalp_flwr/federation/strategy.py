@@ -1,4 +1,5 @@
-"""FedAvg that runs OvA-LP's two-stage schedule and records what each round cost.
+"""The round loop: FedAvg that runs OvA-LP's two-stage schedule and records what each round cost,
+with its parts plugged in.
 
 The server owns the schedule: every train message carries the stage for its round
 (1 = positives only, 2 = all heads), so clients never guess it. Sampling of clients is
@@ -7,21 +8,20 @@ who trains when. Replies with zero examples (empty clients) carry no information
 are kept out of the average — weighting by sample counts would give them zero weight
 anyway, but a round of only empty clients would otherwise divide by zero.
 
-The staging lives in a mixin, `Staged`, so it runs on top of Flower's own FedAvg or
-FedAdam (`StagedFedAvg`, `StagedFedAdam`). Two variants for label skew combined with
-quantity skew (README, "Quantity skew") are options of the mixin: uniform instead of
-sample-weighted averaging, and SCAFFOLD's drift correction with the control variates
-kept on the server (`ControlVariates`).
-
-For faults, the mixin runs Flower's round loop itself (`Staged.start`) so that a run can write
-a checkpoint after each round and go on from one (`ovalp_flwr.federation.checkpoint`), and it screens
-every train reply before the average (`check_reply`, `ovalp_flwr.federation.validation`): a refused reply
-is recorded with its reason and left out, as if it never came.
+A round calls its parts, each behind a small interface and given at construction:
+- the reply screen (`screening.ReplyScreen`): which replies enter the mean, who is refused;
+- the combination in place of the weighted mean: a robust rule (`robust`, `aggregators/`) or
+  DP's clipped noisy mean (`privacy.PrivateRounds`), one or neither;
+- the server's step from the combined update (`steps/`: FedAvg's, FedAdam's);
+- the drift correction (`scaffold.ControlVariates`: SCAFFOLD's server half).
+`Staged` is the loop (a mixin on Flower's FedAvg: `StagedFedAvg`); the server's L-BFGS
+(`server_lbfgs`) and FLoRA (`finetune/flora`) are its subclasses. It runs Flower's round loop
+itself (`Staged.start`) so that a run can write a checkpoint after each round and go on from
+one (`checkpoint`); what it costs is read by `costs`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
@@ -29,51 +29,24 @@ from logging import INFO, WARNING
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAdam, FedAvg, Result
-from flwr.serverapp.strategy.fedopt import FedOpt
+from flwr.serverapp.strategy import FedAvg, Result
 from flwr.supercore import log
 
 from ovalp_flwr.federation.checkpoint import pack, unpack
-from ovalp_flwr.federation.protocol import (ACCURACY, ARRAYS, CORRECTION, METRICS, NUM_EXAMPLES,
-                                            SHARED_VARIATE, STAGE, TRAIN_LOSS, TRAIN_SECONDS,
-                                            VALIDATION, VALIDATION_LOSS, VARIATE_ROUND,
-                                            describe_failures, to_record)
-from ovalp_flwr.federation.replies import (TrainReply, UndecodableReply, decode_reply,
-                                           weighted_mean, weighted_metrics)
+from ovalp_flwr.federation.costs import bytes_sent, reply_costs, sample_size
+from ovalp_flwr.federation.protocol import (ACCURACY, CORRECTION, NUM_EXAMPLES, SHARED_VARIATE,
+                                            STAGE, TRAIN_LOSS, VALIDATION, VALIDATION_LOSS,
+                                            VARIATE_ROUND, describe_failures, to_record)
+from ovalp_flwr.federation.privacy import PrivateRounds
+from ovalp_flwr.federation.replies import (TrainReply, metric_record, number, plausible_score,
+                                           replies_with_data, weighted_metrics)
 from ovalp_flwr.federation.robust import RobustAggregation
 from ovalp_flwr.federation.scaffold import ControlVariates, Correction, HeldVariate
-from ovalp_flwr.federation.validation import check_finite
+from ovalp_flwr.federation.screening import ReplyCheck, ReplyScreen
+from ovalp_flwr.federation.steps.base import ServerStep
+from ovalp_flwr.federation.steps.fedavg import FedAvgStep
 from ovalp_flwr.ops.console import say
 
-# (node, arrays, metrics, the global arrays it was sent) -> why the train reply is refused, or None
-ReplyCheck = Callable[[int, dict[str, np.ndarray], dict, dict[str, np.ndarray]], "str | None"]
-
-
-def message_bytes(content: RecordDict) -> int:
-    """Payload bytes of a message: serialized arrays, metrics and config (no framing). One pass
-    over the records (RecordDict's typed views are rebuilt on every access)."""
-    return sum(record_bytes(record) for record in content.values())
-
-
-def sample_size(num_nodes: int, fraction: float) -> int:
-    """How many of `num_nodes` a round with `fraction` samples: at least one, at most all."""
-    return min(num_nodes, max(1, int(round(num_nodes * fraction))))
-
-
-def record_bytes(record: ArrayRecord | ConfigRecord | MetricRecord) -> int:
-    return config_bytes(record) if isinstance(record, ConfigRecord) else record.count_bytes()
-
-
-def config_bytes(record: ConfigRecord) -> int:
-    """ConfigRecord.count_bytes's rule (keys and str/bytes by length, numbers 8 bytes, bools 1),
-    for every record: Flower's raises on an empty list, "" or b"" (SecAgg+ sends them)."""
-    def size(value) -> int:
-        if isinstance(value, (str, bytes)):
-            return len(value)
-        return 1 if isinstance(value, bool) else 8
-
-    return sum(len(key) + (sum(map(size, value)) if isinstance(value, list) else size(value))
-               for key, value in record.items())
 
 
 class Staged:
@@ -95,6 +68,8 @@ class Staged:
         exclude_after: int = 0,
         left_out: Iterable[int] = (),
         robust: RobustAggregation | None = None,
+        privacy: PrivateRounds | None = None,
+        step: ServerStep | None = None,
         federated_validation: bool = False,
         max_weight: float | None = None,
         secret_sampling: bool = False,
@@ -108,7 +83,10 @@ class Staged:
         or None (`validation`); exclude_after: a node whose replies were refused that many times
         is no longer sampled (0: never); left_out: nodes connected at the start but refused by
         the set-up (not to be admitted later as new ones). robust: the round's combination of
-        the replies in place of their mean (`robust`), None for FedAvg's mean.
+        the replies in place of their mean (`robust`), None for FedAvg's mean; privacy: DP's
+        clipped, noisy mean in its place (`privacy.PrivateRounds`; the config allows one of the
+        two). step: the server's step from the combined update to the new model
+        (`steps/`: FedAvg's by default, FedAdam's).
         federated_validation: the clients keep the validation rows; every round (and the start)
         the server asks every node to score the heads it holds on them, and keeps the sums.
         max_weight: the most weight a reply can have in the mean, whatever count it states
@@ -135,12 +113,11 @@ class Staged:
         self.aggregation_weights = aggregation_weights
         self.variates = control_variates
         self.robust = robust
-        self.max_weight = max_weight
+        self.privacy = privacy
+        self.step = step or FedAvgStep()
         self.secret_sampling = secret_sampling
-        self.check_reply = check_reply
-        self.exclude_after = exclude_after
-        self.rejected: dict[int, int] = {}  # node -> replies refused so far
-        self.excluded: set[int] = set()  # nodes no longer sampled: too many refused replies
+        self.screen = ReplyScreen(check_reply, exclude_after, aggregation_weights == "uniform",
+                                  max_weight)
         self._seen = set(node_order or []) | set(left_out)  # nodes admitted or refused so far
         self._global: dict[str, np.ndarray] = {}  # the arrays sent this round
         self.extra_train_config = dict(extra_train_config or {})
@@ -222,35 +199,35 @@ class Staged:
 
     def state(self, partition_of: Callable[[int], int]) -> tuple[dict[str, np.ndarray], dict]:
         """What a checkpoint needs of the strategy, nodes named by partition id: its per-round
-        records, the control variates, FedAdam's moments, refused and excluded nodes."""
+        records, the control variates, the server step's state, refused and excluded nodes."""
         arrays: dict[str, np.ndarray] = {}
         state = {"rounds": self.rounds,
-                 "rejected": {str(partition_of(n)): count for n, count in self.rejected.items()},
-                 "excluded": sorted(partition_of(n) for n in self.excluded)}
+                 "rejected": {str(partition_of(n)): count
+                              for n, count in self.screen.rejected.items()},
+                 "excluded": sorted(partition_of(n) for n in self.screen.excluded)}
         if self.variates is not None:
             variates, state["variates"] = self.variates.state(partition_of)
             arrays.update(pack("variates", variates))
-        if isinstance(self, FedOpt) and self.m_t is not None:
-            arrays.update(pack("fedopt-m", self.m_t))
-            arrays.update(pack("fedopt-v", self.v_t))
+        arrays.update(self.step.state())  # FedAdam's moments
         return arrays, state
 
     def restore(self, arrays: dict[str, np.ndarray], state: dict,
                 node_of: Callable[[int], int]) -> None:
         """Back to what `state` saved, each partition's entries under the node holding it now."""
         self.rounds = {int(r): record for r, record in state["rounds"].items()}
-        self.rejected = {node_of(int(pid)): count for pid, count in state["rejected"].items()}
-        self.excluded = {node_of(pid) for pid in state["excluded"]}
+        self.screen.rejected = {node_of(int(pid)): count
+                                for pid, count in state["rejected"].items()}
+        self.screen.excluded = {node_of(pid) for pid in state["excluded"]}
         if self.variates is not None:
             self.variates.restore(unpack("variates", arrays), state["variates"], node_of)
-        if isinstance(self, FedOpt) and unpack("fedopt-m", arrays):
-            self.m_t, self.v_t = unpack("fedopt-m", arrays), unpack("fedopt-v", arrays)
+        self.step.restore(arrays)
 
     def sample(self, grid: Grid, server_round: int, fraction: float, purpose: int) -> list[int]:
         """A seeded subset of the nodes: same seed and round, same clients. With
         `secret_sampling`, the train sample is drawn from OS entropy instead: DP's amplification
         by sampling holds only for a sample no one can regenerate."""
-        nodes = [n for n in self.node_order or sorted(grid.get_node_ids()) if n not in self.excluded]
+        nodes = [n for n in self.node_order or sorted(grid.get_node_ids())
+                 if n not in self.screen.excluded]
         if not nodes:
             return []
         count = sample_size(len(nodes), fraction)
@@ -268,8 +245,6 @@ class Staged:
         self._admit_late_nodes(grid, server_round)
         node_ids = self.sample(grid, server_round, self.fraction_train, purpose=0)
         self._global = {key: array.numpy() for key, array in arrays.items()}
-        if isinstance(self, FedOpt):
-            self.current_arrays = self._global  # what FedOpt.configure_train would have set
         round_config = ConfigRecord(dict(config))  # a copy: the same object comes every round
         round_config.update(self.extra_train_config)
         round_config["server-round"] = server_round
@@ -283,24 +258,12 @@ class Staged:
         self.rounds[server_round] = {
             "stage": round_config[STAGE],
             "clients_sampled": len(node_ids),
-            "bytes_sent_per_client": self._bytes_sent(content, messages),
+            "bytes_sent_per_client": bytes_sent(content, messages),
             "drift_correction": bool(corrections),
         }
         log(INFO, "configure_train: round %s, stage %s, %s clients%s", server_round,
             round_config[STAGE], len(node_ids), ", SCAFFOLD-corrected" if corrections else "")
         return messages
-
-    @staticmethod
-    def _bytes_sent(content: RecordDict, messages: list[Message]) -> float:
-        """Mean payload per train message: the shared content plus what each message adds."""
-        shared = message_bytes(content)
-        if not messages:
-            return float(shared)
-        sizes: dict[int, int] = {}  # id(record) -> its bytes: one c goes to many nodes
-        extra = [sum(sizes.get(id(record)) or sizes.setdefault(id(record), record_bytes(record))
-                     for key, record in m.content.items() if key not in content)
-                 for m in messages]
-        return float(shared + np.mean(extra))
 
     def _shared_variate(self, corrections: dict[int, Correction]) -> ArrayRecord | None:
         """SCAFFOLD's c, encoded once for every node that holds its own c_i (clients mode)."""
@@ -362,25 +325,26 @@ class Staged:
         if len(ok) < len(replies):  # a round whose clients all failed must say why
             say(WARNING, "round %s: %s", server_round,
                 describe_failures([m for m in replies if m.has_error()]))
-        accepted, rejections = self._screen(server_round, ok)
-        with_data = [r for r in accepted if _number(r.metrics.get(NUM_EXAMPLES)) > 0]
+        accepted, rejections = self.screen(server_round, ok, self._global, self.variates)
+        with_data = [r for r in accepted if number(r.metrics.get(NUM_EXAMPLES)) > 0]
         if self.variates is not None:  # clients mode: their c_i, finite
             refused = self.variates.non_finite(with_data)
             for node, reason in refused.items():
-                self._refuse(server_round, node, reason, rejections)
+                self.screen.refuse(server_round, node, reason, rejections)
             with_data = [r for r in with_data if r.node not in refused]
-        trained, mean = self._finite_mean(with_data, server_round, rejections)
+        trained, mean = self.screen.finite_mean(with_data, server_round, rejections)
         admitted = trained
-        if self.robust is not None and trained:  # a robust rule, or DP's clipped noisy mean
-            mean, admitted = self.robust(trained, self._global, server_round,
-                                         self.rounds.get(server_round, {}).get("clients_sampled", 0))
+        combine = self.privacy or self.robust  # DP's clipped noisy mean, or a robust rule
+        if combine is not None and trained:
+            mean, admitted = combine(trained, self._global, server_round,
+                                     self.rounds.get(server_round, {}).get("clients_sampled", 0))
         rejections.sort(key=lambda refused: rank(refused["node"]))  # the replies' order
         arrays, metrics = self._combine(server_round, trained, mean) if trained else (None, None)
         if self.variates is not None and admitted:
             self.variates.update(self._global, admitted, server_round)
         record = self.rounds.setdefault(server_round, {})
-        record.update(_reply_costs(ok, trained, len(replies) - len(ok)))
-        if getattr(self.robust, "private", False):
+        record.update(reply_costs(ok, trained, len(replies) - len(ok)))
+        if self.privacy is not None:  # no client's loss in the clear
             record["train_loss"] = None
         record["clients_timed_out"] = record.get("clients_sampled", len(replies)) - len(replies)
         record["clients_rejected"] = len(rejections)
@@ -388,77 +352,15 @@ class Staged:
         record["server_aggregate_seconds"] = time.perf_counter() - start
         return arrays, metrics
 
-    def _finite_mean(self, trained: list[TrainReply], server_round: int, rejections: list[dict]
-                     ) -> tuple[list[TrainReply], dict[str, np.ndarray]]:
-        """The trained replies whose arrays are all finite, and their weighted mean. With weights
-        > 0 a sum is finite only if every term is, so one check of the mean clears them all; only
-        a non-finite mean (a bad reply, or an overflow) makes each reply be checked, the bad ones
-        refused and the mean computed again."""
-        mean = weighted_mean(trained) if trained else {}
-        if check_finite(mean) is None:
-            return trained, mean
-        finite = []
-        for reply in trained:
-            reason = check_finite(reply.arrays)
-            if reason is None:
-                finite.append(reply)
-            else:
-                self._refuse(server_round, reply.node, reason, rejections)
-        return finite, weighted_mean(finite) if finite else {}
-
     def _combine(self, server_round: int, trained: list[TrainReply],
                  mean: dict[str, np.ndarray]) -> tuple[ArrayRecord, MetricRecord]:
-        """The new global model from the replies' weighted mean (the server's step), and their
-        weighted metrics."""
+        """The new global model from the replies' combined update (the server's step), and
+        their weighted metrics."""
         metrics = weighted_metrics(trained)
-        if getattr(self.robust, "private", False):  # DP rounds: no client's loss in the clear
+        if self.privacy is not None:  # DP rounds: no client's loss in the clear
             metrics = MetricRecord({key: value for key, value in metrics.items()
                                     if key != TRAIN_LOSS})
-        return self._server_step(server_round, to_record(mean), metrics), metrics
-
-    def _server_step(self, server_round: int, mean: ArrayRecord, metrics: MetricRecord
-                     ) -> ArrayRecord:
-        """The new global model from the mean: FedAvg takes it as it is."""
-        return mean
-
-    def _screen(self, server_round: int, replies: list[Message]
-                ) -> tuple[list[TrainReply], list[dict]]:
-        """The replies that pass `check_reply`, decoded, and {node, reason} for each one refused.
-        A node's first refusal is logged; after `exclude_after` of them it is no longer sampled."""
-        accepted, rejections = [], []
-        uniform = self.aggregation_weights == "uniform"
-        for message in replies:
-            node = message.metadata.src_node_id
-            try:
-                reply = decode_reply(message, uniform)
-            except UndecodableReply as err:
-                reply, reason = None, str(err)
-            else:
-                reason = (None if self.check_reply is None else
-                          self.check_reply(node, reply.arrays, reply.metrics, self._global))
-            if reason is None and _number(reply.metrics.get(NUM_EXAMPLES)) <= 0:
-                reason = check_finite(reply.arrays)  # no data: not in the mean, checked here
-            elif reason is None and self.variates is not None:
-                reason = self.variates.check(reply, self._global)
-            if reason is None:
-                accepted.append(reply if self.max_weight is None or reply.weight <= self.max_weight
-                                else dataclasses.replace(reply, weight=self.max_weight))
-            else:
-                self._refuse(server_round, node, reason, rejections)
-        return accepted, rejections
-
-    def _refuse(self, server_round: int, node: int, reason: str, rejections: list[dict]) -> None:
-        """Record a refused reply; a node's first refusal is logged, and after `exclude_after`
-        of them it is no longer sampled."""
-        rejections.append({"node": node, "reason": reason})
-        self.rejected[node] = self.rejected.get(node, 0) + 1
-        if self.rejected[node] == 1:
-            say(WARNING, "round %s: reply of node %s rejected (not averaged): %s",
-                server_round, node, reason)
-        if self.exclude_after and self.rejected[node] >= self.exclude_after:
-            self.excluded.add(node)
-            say(WARNING, "node %s excluded from sampling after %s rejected replies", node,
-                self.rejected[node])
+        return self.step(server_round, to_record(mean), metrics, self._global), metrics
 
     def _ranks(self) -> Callable[[int], tuple[int, int]]:
         """node -> where it stands in the sampling order (nodes outside it: last, by id)."""
@@ -469,82 +371,20 @@ class Staged:
         """Sample-weighted local accuracy over clients that have data (and a plausible score);
         under federated validation, the federation's validation accuracy and mean loss (sums
         over the rows every node that answered keeps), recorded for the round."""
-        with_data = [m for m in _with_data(replies) if _plausible_score(m)]
-        if not with_data:
+        scored = [m for m in replies_with_data(replies) if plausible_score(m)]
+        if not scored:
             return None
-        mean = super().aggregate_evaluate(server_round, with_data)
+        mean = super().aggregate_evaluate(server_round, scored)
         if self.federated_validation and mean is not None:
-            rows = sum(int(_metrics(m)[NUM_EXAMPLES]) for m in with_data)
+            rows = sum(int(metric_record(m)[NUM_EXAMPLES]) for m in scored)
             scores = {"accuracy": float(mean[ACCURACY]), "loss": float(mean[VALIDATION_LOSS]),
-                      "rows": rows, "clients": len(with_data)}
+                      "rows": rows, "clients": len(scored)}
             self.validation_scores[server_round] = scores
             if server_round:  # the start's are the summary's
                 self.rounds.setdefault(server_round, {}).update(
-                    val_loss=scores["loss"], val_rows=rows, val_clients=len(with_data))
+                    val_loss=scores["loss"], val_rows=rows, val_clients=len(scored))
         return mean
-
-
-def _metrics(message: Message) -> MetricRecord:
-    """The reply's one MetricRecord."""
-    return next(iter(message.content.metric_records.values()))
-
-
-def _reply_costs(ok: list[Message], trained: list[TrainReply], failures: int) -> dict:
-    """Per-round client costs: who trained, how long, how many bytes came back."""
-    seconds = [float(r.metrics[TRAIN_SECONDS]) for r in trained]
-    examples = np.array([float(r.metrics[NUM_EXAMPLES]) for r in trained])
-    losses = np.array([float(r.metrics[TRAIN_LOSS]) for r in trained])
-    received = [message_bytes(m.content) for m in ok]
-    return {
-        "clients_replied": len(ok),
-        "clients_trained": len(trained),
-        "clients_failed": failures,
-        "train_loss": float(examples @ losses / examples.sum()) if len(trained) else None,
-        "client_train_seconds_mean": float(np.mean(seconds)) if seconds else None,
-        "client_train_seconds_max": float(np.max(seconds)) if seconds else None,
-        "bytes_received_per_client": float(np.mean(received)) if received else None,
-    }
-
-
-def _with_data(replies: Iterable[Message]) -> list[Message]:
-    """Replies that carry no error and at least one example."""
-    return [m for m in replies if not m.has_error() and _examples(m) > 0]
-
-
-def _examples(message: Message) -> float:
-    """The reply's num-examples; 0 when it has none to read (a malformed reply)."""
-    records = message.content.metric_records
-    return _number(next(iter(records.values())).get(NUM_EXAMPLES) if records else None)
-
-
-def _number(value) -> float:
-    """A finite number as a float; anything else 0."""
-    return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else 0.0
-
-
-def _plausible_score(message: Message) -> bool:
-    """An evaluate reply whose accuracy is a fraction (a wrong one would skew the average)."""
-    accuracy = _metrics(message).get(ACCURACY)
-    return isinstance(accuracy, float) and 0.0 <= accuracy <= 1.0
 
 
 class StagedFedAvg(Staged, FedAvg):
     """The recipe: Flower's FedAvg with the stage schedule."""
-
-
-class StagedFedAdam(Staged, FedAdam):
-    """Flower's FedAdam (Reddi et al., 2021) on the averaged update, with the stage schedule."""
-
-    def _server_step(self, server_round: int, mean: ArrayRecord, metrics: MetricRecord
-                     ) -> ArrayRecord:
-        """FedAdam's step on the mean, given to Flower's FedAdam as the round's one reply of
-        weight 1 (its FedAvg multiplies it by 1.0: unchanged), kept in the head's dtype.
-
-        Flower's FedAdam scales by a NumPy float64, which under NumPy 2 promotes float32
-        weights to float64 and would double every later message.
-        """
-        content = RecordDict({ARRAYS: mean, METRICS: MetricRecord({**metrics, NUM_EXAMPLES: 1})})
-        averaged = Message(content=content, message_type=MessageType.TRAIN, dst_node_id=0)
-        arrays, _ = FedAdam.aggregate_train(self, server_round, [averaged])
-        return to_record({key: value.numpy().astype(self._global[key].dtype, copy=False)
-                          for key, value in arrays.items()})
