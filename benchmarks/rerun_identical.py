@@ -1,0 +1,112 @@
+"""Rerun committed runs with today's code and say whether they compute the same numbers, bit for
+bit: the check a refactor owes ("one run per preset family bit-identical to today's results").
+
+Each `preset:run` is run again from its preset (the same spec the sweep made it from, in this
+process: `--runner local`) into a scratch folder, and every round's accuracy, stage, train loss
+and client counts, and summary.json's final and best accuracy, are compared with the committed
+results/<preset>/<run>/ as exact floats. Seconds and bytes are not compared (they are the
+machine's). Writes a Markdown table (`--out`) and exits 1 if any run differs.
+
+    python benchmarks/rerun_identical.py server-optimizer:digits-lbfgs-iid-seed0 ...
+    python benchmarks/rerun_identical.py --out benchmarks/results/identical.md PRESET:RUN ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPARED = ("round", "accuracy", "stage", "train_loss", "clients_sampled", "clients_trained",
+            "clients_failed", "clients_timed_out", "clients_rejected")
+SUMMARY_KEYS = ("initial_accuracy", "final_accuracy", "best_accuracy")
+
+
+def rounds(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return [{key: row.get(key, "") for key in COMPARED} for row in csv.DictReader(handle)]
+
+
+def summary(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    return {key: data.get(key) for key in SUMMARY_KEYS}
+
+
+def rerun(preset: str, run: str, scratch: Path) -> float:
+    """Today's code on the run's spec, in a fresh process; its seconds. `finetune-compare` is
+    benchmarks/finetune_compare.py's grid (its CPU sizes), not a preset."""
+    if preset == "finetune-compare":
+        return rerun_finetune(run, scratch)
+    code = ("import sys; from pathlib import Path; "
+            "from ovalp_flwr.experiments.sweep import load_preset, run_one; "
+            "preset = load_preset(Path(sys.argv[1])); "
+            "seed = int(sys.argv[2].rsplit('seed', 1)[1]); "
+            "spec = next(s for s in preset.runs([seed]) if s.name == sys.argv[2]); "
+            "run_one(preset, spec, Path(sys.argv[3]), 'local')")
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code, str(ROOT / "conf" / f"{preset}.toml"), run,
+                    str(scratch)], check=True, cwd=ROOT, capture_output=True)
+    return time.perf_counter() - started
+
+
+def rerun_finetune(run: str, scratch: Path) -> float:
+    """A run of finetune_compare.py's CPU grid (`<dataset>-<partition>-<method>-s<seed>`)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import finetune_compare as grid  # late: a script beside this one, not a package
+
+    for dataset, partition, method in itertools.product(grid.DATASETS, grid.PARTITIONS,
+                                                        grid.METHODS):
+        seed = int(run.rsplit("-s", 1)[1])
+        config = grid.overrides(grid.DATASETS[dataset], partition, method, seed, rounds=8)
+        if config["run-name"] == run:
+            started = time.perf_counter()
+            grid.run_one({**config, "results-dir": str(scratch / "finetune-compare")}, 20)
+            return time.perf_counter() - started
+    raise SystemExit(f"finetune-compare has no run {run!r}")
+
+
+def compare(preset: str, run: str, scratch: Path) -> tuple[bool, str]:
+    committed = ROOT / "results" / preset / run
+    made = scratch / preset / run
+    same_rounds = rounds(committed / "rounds.csv") == rounds(made / "rounds.csv")
+    before, now = summary(committed / "summary.json"), summary(made / "summary.json")
+    same = same_rounds and before == now
+    what = "identical" if same else (f"differs: rounds {'same' if same_rounds else 'differ'}; "
+                                     f"summary {before} -> {now}")
+    return same, what
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="preset:run, e.g. server-optimizer:digits-lbfgs-iid-seed0")
+    parser.add_argument("--out", type=Path, help="write the table here too")
+    args = parser.parse_args(argv)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()
+    lines = [f"Runs rerun at {commit} (`python benchmarks/rerun_identical.py {' '.join(args.runs)}`)"
+             ", compared with the committed results: every round's accuracy, stage, train loss "
+             "and client counts, and the summary's initial, final and best accuracy, as exact "
+             "floats.", "", "| preset | run | seconds | result |", "|---|---|---:|---|"]
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for item in args.runs:
+            preset, run = item.split(":", 1)
+            seconds = rerun(preset, run, Path(tmp))
+            same, what = compare(preset, run, Path(tmp))
+            failed += not same
+            lines.append(f"| {preset} | {run} | {seconds:.0f} | {what} |")
+            print(lines[-1], flush=True)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
