@@ -2,7 +2,7 @@
 
 A concern's options are one frozen dataclass of its knobs (an `Options` group), beside the code
 that reads them: each field says its default and its one-line docs (`key`), `check` holds the
-group's own rules and `requires` its rules against other groups. `config.RunConfig` composes
+group's own rules and `requires` its rules against other groups. `config.py` composes
 the groups; docs/config.md is generated from them, one section a group. Torch-free.
 """
 
@@ -46,7 +46,7 @@ class Options:
         """The group's own rules: each key's range or choices, and how its keys combine."""
 
     def requires(self, config: Whole) -> None:
-        """The group's rules against other groups' keys (`config`: the whole RunConfig)."""
+        """The group's rules against other groups' keys (`config`: the whole run config)."""
 
     @classmethod
     def key_fields(cls) -> tuple[dataclasses.Field, ...]:

@@ -10,27 +10,29 @@ from pathlib import Path
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp.strategy import Result
 
-from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.normalize import NormStats
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.checkpoint import (Checkpoint, CheckpointWriter, check_resumable,
                                               comparable, pack, read_checkpoint, unpack)
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError
+from ovalp_flwr.federation.options import ReliabilityOptions
 from ovalp_flwr.federation.strategy import Staged
 from ovalp_flwr.ops.console import say
 
 
-def resumable(config: RunConfig, run_dir: Path) -> Checkpoint | None:
+def resumable(reliability: ReliabilityOptions, settings: dict, run_dir: Path
+              ) -> Checkpoint | None:
     """The checkpoint a `resume` run goes on from (None: start at round 1). Checked before any
-    data is read: the file verifies and is of this run's config."""
-    if not config.resume:
+    data is read: the file verifies and is of this run's config (`settings`: its keys and
+    values, as summary.json has them)."""
+    if not reliability.resume:
         return None
     checkpoint = read_checkpoint(run_dir)
     if checkpoint is None:
         say(WARNING, "resume: %s has no checkpoint; the run starts at round 1", run_dir)
         return None
-    check_resumable(checkpoint, comparable(config.to_dict()), config.num_server_rounds)
+    check_resumable(checkpoint, comparable(settings), settings["num-server-rounds"])
     say(INFO, "resume: going on from round %d of %s", checkpoint.round, run_dir)
     return checkpoint
 
@@ -39,10 +41,12 @@ class Checkpoints:
     """Writes the run's checkpoint after every `checkpoint-every` rounds (and the last), and
     turns one back into the state the rounds go on from (`ovalp_flwr.federation.checkpoint`)."""
 
-    def __init__(self, run_dir: Path, config: RunConfig, strategy: Staged,
+    def __init__(self, run_dir: Path, settings: dict, every: int, strategy: Staged,
                  evaluator: CentralEvaluator, clients: dict[int, dict], stats: NormStats | None,
                  head_init: dict) -> None:
-        self.run_dir, self.config, self.strategy, self.evaluator = run_dir, config, strategy, evaluator
+        """settings: the run's config as summary.json has it; every: `checkpoint-every`."""
+        self.run_dir, self.strategy, self.evaluator = run_dir, strategy, evaluator
+        self.settings, self.every = settings, every
         self.clients, self.norm_digest = clients, stats.digest() if stats else None
         self.head_init = head_init  # what summary.json says of the start (the first process's)
         self.resumes: list[dict] = []  # {round, at} of each resume, the earliest first
@@ -55,12 +59,12 @@ class Checkpoints:
         return self._partition[node]
 
     def __call__(self, server_round: int, arrays: ArrayRecord, result: Result) -> None:
-        every, last = self.config.checkpoint_every, self.config.num_server_rounds
+        every, last = self.every, self.settings["num-server-rounds"]
         if not every or (server_round % every and server_round != last):
             return
         self._partition.update({n: int(c[p.PARTITION_ID]) for n, c in self.clients.items()})
         strategy_arrays, strategy_state = self.strategy.state(self.partition_of)
-        state = {"config": comparable(self.config.to_dict()), "norm_digest": self.norm_digest,
+        state = {"config": comparable(self.settings), "norm_digest": self.norm_digest,
                  "strategy": strategy_state, "evaluator": self.evaluator.state(),
                  "result": _history(result), "head_init": self.head_init,
                  "resumes": self.resumes,

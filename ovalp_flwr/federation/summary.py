@@ -10,7 +10,7 @@ import torch
 from flwr.serverapp.strategy import Result
 
 from ovalp_flwr import __version__
-from ovalp_flwr.config import RunConfig
+from ovalp_flwr.data.options import DataOptions, PartitionOptions
 from ovalp_flwr.data.partition import PartitionSummary, summarize_partition, summarize_sizes
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.evaluation import CentralEvaluator
@@ -19,12 +19,13 @@ from ovalp_flwr.federation.setup import by_partition, num_partitions
 from ovalp_flwr.federation.strategy import Staged
 
 
-def run_summary(config: RunConfig, result: Result, strategy: Staged,
+def run_summary(settings: dict, result: Result, strategy: Staged,
              evaluator: CentralEvaluator, partition: PartitionSummary, features: dict) -> dict:
-    """What `summary.json` holds (README, "Results")."""
+    """What `summary.json` holds (README, "Results"); `settings`: the run's config, its keys and
+    values (the run config's `to_dict`)."""
     accuracies = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_serverapp.items()}
     local = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_clientapp.items()}
-    last = config.num_server_rounds  # 0: the start is the result
+    last = settings["num-server-rounds"]  # 0: the start is the result
     rounds = [
         {"round": r, "accuracy": accuracies[r],
          **({"val_accuracy": evaluator.validation_accuracy[r]}
@@ -45,7 +46,7 @@ def run_summary(config: RunConfig, result: Result, strategy: Staged,
         "best_accuracy": max(accuracies[r] for r in range(min(1, last), last + 1)),
         "initial_accuracy": accuracies[0],
         "num_clients": partition.num_clients,
-        "config": config.to_dict(),
+        "config": settings,
         "partition": partition.to_dict(),
         "features": features,
         "rounds": rounds,
@@ -53,7 +54,7 @@ def run_summary(config: RunConfig, result: Result, strategy: Staged,
     }
 
 
-def partition_summary(config: RunConfig, clients: dict[int, dict],
+def partition_summary(config: PartitionOptions, clients: dict[int, dict],
                       partitions: Callable[[int], Sequence[np.ndarray]], labels: np.ndarray,
                       domains: np.ndarray, domain_names: tuple[str, ...]) -> PartitionSummary:
     """Sizes and classes per client from the server's copy of the training split (`labels`,
@@ -69,16 +70,16 @@ def partition_summary(config: RunConfig, clients: dict[int, dict],
     return summarize_sizes(f"{kind} of node-local data", [int(c[p.NUM_EXAMPLES]) for c in by_id])
 
 
-def finish_run(summary: dict, config: RunConfig, clients: dict[int, dict], steps: int,
-               costs: SetupCosts) -> None:
+def finish_run(summary: dict, data: DataOptions, local_steps: int, clients: dict[int, dict],
+               steps: int, costs: SetupCosts) -> None:
     """What both paths add to `run_summary` once the rounds are over: the clients' label noise,
-    the local steps and the set-up exchanges' costs."""
-    summary["label_noise"] = label_noise_summary(config, clients)
-    summary["local_steps"] = config.local_steps or steps or None  # None: epochs of own data
+    the local steps (`local-steps`, else the server's `steps`) and the set-up's costs."""
+    summary["label_noise"] = label_noise_summary(data, clients)
+    summary["local_steps"] = local_steps or steps or None  # None: epochs of own data
     summary["setup"] = costs.to_dict()
 
 
-def label_noise_summary(config: RunConfig, clients: dict[int, dict]) -> dict:
+def label_noise_summary(config: DataOptions, clients: dict[int, dict]) -> dict:
     """What was asked for and what the clients' labels realise (counts from `describe`)."""
     examples = sum(int(c[p.NUM_EXAMPLES]) for c in clients.values())
     noisy = sum(int(c[p.NOISY_EXAMPLES]) for c in clients.values())

@@ -21,7 +21,7 @@ from ovalp_flwr.core.training import fit, gradient_offsets, shuffle_generator
 from ovalp_flwr.features.encoders import load_encoder
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.node import (local_schedule, local_test_split, node_partition,
-                                        partition_spec, run_config)
+                                        noise_spec, partition_spec, run_config)
 from ovalp_flwr.federation.scaffold_client import drift_offset, reply_variate
 from ovalp_flwr.finetune.methods import make_method
 from ovalp_flwr.finetune.base import FinetuneMethod
@@ -49,7 +49,7 @@ class Setup:
         scheme and client count: describe, the rows and the test split all need them."""
         key = (partition_spec(config), num_partitions)
         if key not in self.parts:
-            self.parts[key] = partitions(config, self.data, num_partitions)
+            self.parts[key] = partitions(key[0], self.data, num_partitions)
         return self.parts[key]
 
 
@@ -73,7 +73,7 @@ def setup(config: RunConfig, data_dir: str | None = None) -> Setup:
         device = resolve_device(config.device)
         encoder = load_encoder(config.encoder, device="cpu",
                                image_size=config.cache_options()["image_size"])
-        data = run_data(config, getattr(encoder, "tokenize", None))
+        data = run_data(config.data, noise_spec(config), getattr(encoder, "tokenize", None))
         method = make_method(config.finetuning)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)

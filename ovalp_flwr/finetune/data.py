@@ -13,11 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ovalp_flwr.federation.node import noise_spec, partition_spec
-from ovalp_flwr.config import RunConfig
 from ovalp_flwr.data.registry import load_dataset
-from ovalp_flwr.data.noise import noisy_labels
-from ovalp_flwr.data.partition import partition_indices
+from ovalp_flwr.data.noise import NoiseSpec, noisy_labels
+from ovalp_flwr.data.options import DataOptions
+from ovalp_flwr.data.partition import PartitionSpec, partition_indices
 
 
 @dataclass(frozen=True)
@@ -68,16 +67,16 @@ def raw_data(dataset: str, data_dir: str, limit_per_class: int | None,
         np.asarray(train.labels, np.int64), data.num_classes, data.domains)
 
 
-def run_data(config: RunConfig, tokenize=None) -> RawData:
-    """The run's raw data with its label noise applied to the training labels."""
+def run_data(config: DataOptions, noise: NoiseSpec, tokenize=None) -> RawData:
+    """The run's raw data with its label `noise` applied to the training labels."""
     base = raw_data(config.dataset, config.data_dir, config.cache_options()["limit_per_class"],
                     tokenize)
-    labels = noisy_labels(base.clean_train_labels, base.num_classes, noise_spec(config))
+    labels = noisy_labels(base.clean_train_labels, base.num_classes, noise)
     return RawData(RawSplit(base.train.inputs, labels, base.train.domains), base.test,
                    base.clean_train_labels, base.num_classes, base.domain_names)
 
 
-def partitions(config: RunConfig, data: RawData, num_partitions: int) -> list[np.ndarray]:
+def partitions(spec: PartitionSpec, data: RawData, num_partitions: int) -> list[np.ndarray]:
     """Every client's training rows: the cached path's partition of the same labels."""
-    return partition_indices(partition_spec(config), data.train.labels, num_partitions, None,
+    return partition_indices(spec, data.train.labels, num_partitions, None,
                              data.train.domains)

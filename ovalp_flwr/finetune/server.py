@@ -51,7 +51,8 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
     check_feature_space(clients, feature_space(config),
                         differs="train another model or data than the server's", hint="")
     data = built.data
-    partition = partition_summary(config, clients, lambda n: built.partitions(config, n),
+    partition = partition_summary(config.partitioning, clients,
+                                  lambda n: built.partitions(config, n),
                                   data.train.labels, data.train.domains, data.domain_names)
     say(INFO, "finetune %s: %d trainable tensors, %.2f M of %.2f M parameters travel; partition %s",
         config.finetune, len(initial), _millions(initial), _millions(built.model.state_dict()),
@@ -72,8 +73,8 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
     features = {"raw": feature_space(config), "num_classes": built.data.num_classes,
                 "train_size": len(built.data.train.labels),
                 "test_size": len(built.data.test.labels)}
-    summary = run_summary(config, result, strategy, evaluator, partition, features)
-    finish_run(summary, config, clients, steps, costs)
+    summary = run_summary(config.to_dict(), result, strategy, evaluator, partition, features)
+    finish_run(summary, config.data, config.local_steps, clients, steps, costs)
     summary["finetune"] = {"method": config.finetune,
                            "trainable_tensors": len(initial),
                            "trainable_parameters": int(sum(a.size for a in initial.values())),

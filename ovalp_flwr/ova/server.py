@@ -65,7 +65,7 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
     started = time.time()
     run_name = config.run_name or default_run_name(config.to_dict())
     run_dir = resolve_path(config.results_dir) / run_name
-    resumed = resumable(config, run_dir)
+    resumed = resumable(config.reliability, config.to_dict(), run_dir)
     cache = load_or_build(config.dataset, config.encoder, resolve_path(config.feature_cache_dir),
                           data_dir=config.data_dir or None, device=config.device,
                           **config.cache_options())
@@ -119,7 +119,8 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
         lambda server_round: strategy.validation_scores.get(server_round, {}).get("accuracy")
     if getattr(strategy, "path", None) is not None:  # weight-decay "auto": its walk's scores
         strategy.score_validation = evaluator.validation_score
-    checkpoints = Checkpoints(run_dir, config, strategy, evaluator, clients, stats, start)
+    checkpoints = Checkpoints(run_dir, config.to_dict(), config.checkpoint_every, strategy,
+                              evaluator, clients, stats, start)
     where = checkpoints.restore(resumed) if resumed else {"initial_arrays": p.to_record(initial)}
     result = strategy.start(
         grid=grid,
@@ -132,9 +133,9 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
         trial_score=evaluator.score,  # L-BFGS: the point sent next, beside the held heads
         **where,  # the start, or where the checkpoint left off
     )
-    summary = run_summary(config, result, strategy, evaluator, setup.partition,
+    summary = run_summary(config.to_dict(), result, strategy, evaluator, setup.partition,
                           _feature_info(cache, stats))
-    finish_run(summary, config, clients, steps, setup.costs)
+    finish_run(summary, config.data, config.local_steps, clients, steps, setup.costs)
     if validation is not None or strategy.federated_validation:
         rows = len(validation.labels) if validation is not None else \
             strategy.validation_scores.get(config.num_server_rounds, {}).get("rows", 0)
@@ -185,7 +186,8 @@ def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeature
     clients = describe_clients(grid, nodes, costs=costs, request=request if on_describe else {},
                                statistics=summed, cache=cache)
     check_feature_space(clients, cache.feature_space())
-    partition = partition_summary(config, clients, lambda n: all_partitions(config, n),
+    partition = partition_summary(config.partitioning, clients,
+                                  lambda n: all_partitions(config, n),
                                   cache.train.y, cache.train.domain, cache.domain_names)
     say(INFO, "partition %s", partition)
     norm = global_stats(config.feature_norm, clients)
