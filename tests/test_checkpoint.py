@@ -155,3 +155,36 @@ def test_a_finished_run_keeps_its_variates_parts_and_goes_on_with_more_rounds(ca
     longer = resumable_run(cache_dir, tmp_path, "short", resume=True, **{"num-server-rounds": 4})
     whole = resumable_run(cache_dir, tmp_path, "whole", **{"num-server-rounds": 4})
     assert [r["accuracy"] for r in longer["rounds"]] == [r["accuracy"] for r in whole["rounds"]]
+
+
+# the encoder path (`finetune`) on a tiny random CNN: the same checkpoints through the shared run
+ENCODER = {"encoder": "tiny-cnn", "dataset": "digits", "head-init": "random",
+           "limit-per-class": 12, "local-epochs": 1, "batch-size": 8, "classes-per-client": 3,
+           "num-server-rounds": 4}
+
+
+@pytest.mark.parametrize("method", ["fedavg-lora", "full"])
+def test_an_encoder_run_killed_and_resumed_ends_as_the_uninterrupted_run(cache_dir, tmp_path,
+                                                                         method):
+    options = {**ENCODER, "finetune": method}
+    whole = resumable_run(cache_dir, tmp_path, "whole", **options)
+    with pytest.raises(ServerDied):
+        resumable_run(cache_dir, tmp_path, "killed", fault=crash_before(3), **options)
+    assert global_arrays(tmp_path, "killed")[0] == 2
+    DyingGrid.trained_rounds = set()
+    resumed = resumable_run(cache_dir, tmp_path, "killed", node_seed=9, resume=True, **options)
+    same = ("round", "accuracy", "train_loss", "clients_trained")
+    assert [[r[k] for k in same] for r in resumed["rounds"]] == \
+        [[r[k] for k in same] for r in whole["rounds"]]
+    assert resumed["resumes"][0]["round"] == 2 and DyingGrid.trained_rounds == {3, 4}
+    (_, a), (_, b) = global_arrays(tmp_path, "whole"), global_arrays(tmp_path, "killed")
+    assert all(np.array_equal(a[key], b[key]) for key in a)
+
+
+def test_flora_writes_no_checkpoint_and_refuses_to_resume(cache_dir, tmp_path):
+    options = {**ENCODER, "finetune": "flora", "drift-correction": "none",
+               "num-server-rounds": 2}
+    resumable_run(cache_dir, tmp_path, "flora", **options)
+    assert not (tmp_path / "results" / "flora" / "checkpoint.safetensors").exists()
+    with pytest.raises(ConfigError, match="resume=True .*FLoRA"):
+        resumable_run(cache_dir, tmp_path, "flora", resume=True, **options)

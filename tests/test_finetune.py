@@ -220,7 +220,7 @@ def test_a_text_encoder_trains_with_lora_on_its_attention(tmp_path):
     ("finetune", "lora", "choose one of: none, lp, fedavg-lora, flora, full"),
     ("head-init", "ridge", "use random or zeros"),
     ("drift-correction", "scaffold", "FLoRA starts fresh"),
-    ("resume", True, "no checkpoints on this path yet"),
+    ("resume", True, "FLoRA's nodes hold the stacks they merged"),
 ])
 def test_bad_finetune_settings_get_one_line(key, value, says):
     config = {**app_config(), **BASE, "finetune": "flora", "drift-correction": "none",

@@ -133,8 +133,9 @@ class ReliabilityOptions(Options):
         "longer sampled (`0`: never).")
     checkpoint_every: int = key(
         1, "A checkpoint in `results/<run-name>/` after every this many rounds "
-        "(`0`: none). The cached-feature path only: the encoder path (`finetune`) writes none "
-        "and says so when the run starts.")
+        "(`0`: none), on both paths; FLoRA (`finetune = \"flora\"`) writes none and says so "
+        "(its nodes hold the stacks they merged, which a checkpoint of the server cannot give "
+        "back).")
     resume: bool = key(
         False, "`true`: go on from the last checkpoint of the run named by "
         "`run-name`.")

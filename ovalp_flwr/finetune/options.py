@@ -53,7 +53,9 @@ class FinetuneOptions(Options):
                               "LoRA modules every round, so there is no drift to correct; use none")
         not_yet = {"server-optimizer": (config.server_optimizer, "fedavg", "fedavg"),
                    "fraction-evaluate": (config.fraction_evaluate, 0.0, "0 (the server evaluates)"),
-                   "resume": (config.resume, False, "false (no checkpoints on this path yet)"),
+                   "resume": (config.resume if self.finetune == "flora" else False, False,
+                              "false (FLoRA's nodes hold the stacks they merged: its runs write "
+                              "no checkpoint)"),
                    "personalize": (config.personalize if self.finetune == "flora" else "", "",
                                    '"" (FLoRA\'s nodes lack the last round\'s stack; '
                                    'personalize after lp, fedavg-lora or full)')}

@@ -6,30 +6,27 @@ raw test split, and the same results files as the cached path (`ovalp_flwr.ova.s
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
-from logging import INFO, WARNING
+from logging import INFO
 from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
 from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import SetupCosts, wait_for_nodes
-from ovalp_flwr.federation.node import resolve_path
-from ovalp_flwr.federation.results import default_run_name, write_run
-from ovalp_flwr.federation.rounds import equal_share_steps, make_strategy, train_reply_check
-from ovalp_flwr.federation.setup import by_partition, check_feature_space, describe_clients
-from ovalp_flwr.federation.summary import finish_run, partition_summary, run_summary
+from ovalp_flwr.federation.pipeline import Prepared, RunPath, run
+from ovalp_flwr.federation.setup import check_feature_space, describe_clients
+from ovalp_flwr.federation.strategy import Staged
+from ovalp_flwr.federation.summary import partition_summary
 from ovalp_flwr.finetune.client import Setup, feature_space, load_parameters, setup
 from ovalp_flwr.finetune.flora import FLoRA, StagedFLoRA
 from ovalp_flwr.finetune.model import EncoderClassifier
 from ovalp_flwr.ops.console import say
-from ovalp_flwr.personalize.phase import personalize_after
 from ovalp_flwr.personalize.scoring import ModelScore, ScoreModels
 
 EVAL_BATCH = 256
@@ -37,59 +34,63 @@ EVAL_BATCH = 256
 
 def run_finetune(grid: Grid, config: RunConfig) -> Path:
     """One fine-tuning run; returns its results folder."""
-    started = time.time()
-    run_name = config.run_name or default_run_name(config.to_dict())
-    if config.checkpoint_every:  # resume is refused on this path (config), so none is written
-        say(WARNING, "finetune %s: no checkpoints on the encoder path (checkpoint-every=%d has "
-            "no effect here)", config.finetune, config.checkpoint_every)
-    built = setup(config)
-    initial = {key: value.copy() for key, value in built.initial.items()}  # the seeded start
-    nodes = wait_for_nodes(grid)
-    check_num_clients(len(nodes), len(built.data.train.labels))
-    costs = SetupCosts()
-    clients = describe_clients(grid, nodes, costs=costs)
-    check_feature_space(clients, feature_space(config),
-                        differs="train another model or data than the server's", hint="")
-    data = built.data
-    partition = partition_summary(config.partitioning, clients,
-                                  lambda n: built.partitions(config, n),
-                                  data.train.labels, data.train.domains, data.domain_names)
-    say(INFO, "finetune %s: %d trainable tensors, %.2f M of %.2f M parameters travel; partition %s",
-        config.finetune, len(initial), _millions(initial), _millions(built.model.state_dict()),
-        partition)
-    steps = equal_share_steps(config, clients)
-    strategy = make_strategy(
-        config, node_order=by_partition(clients),
-        extra_train_config={p.LOCAL_STEPS: steps} if steps else {},
-        check_reply=train_reply_check(config, clients, steps), left_out=set(nodes) - set(clients),
-        sizes={node: int(c[p.NUM_EXAMPLES]) for node, c in clients.items()},
-        strategy_class=_strategy_class(built, initial))
-    evaluator = EncoderEvaluator(built, config, _loader(built, strategy))
-    evaluator.round_info = lambda server_round: strategy.rounds.get(server_round, {})
-    result = strategy.start(grid=grid, initial_arrays=p.to_record(initial),
-                            train_config=ConfigRecord(), evaluate_config=ConfigRecord(),
-                            num_rounds=config.num_server_rounds, timeout=config.round_timeout,
-                            evaluate_fn=evaluator)
-    features = {"raw": feature_space(config), "num_classes": built.data.num_classes,
-                "train_size": len(built.data.train.labels),
-                "test_size": len(built.data.test.labels)}
-    summary = run_summary(config.to_dict(), result, strategy, evaluator, partition, features)
-    finish_run(summary, config.data, config.local_steps, clients, steps, costs)
-    summary["finetune"] = {"method": config.finetune,
-                           "trainable_tensors": len(initial),
-                           "trainable_parameters": int(sum(a.size for a in initial.values())),
-                           "model_parameters": int(sum(t.numel() for t in
-                                                       built.model.state_dict().values()))}
-    if config.personalization_methods:
-        summary["personalization"] = personalize_after(grid, config.personalization, clients,
-                                                       result.arrays, None, run_name,
-                                                       EncoderScorer(evaluator))
-    summary["total_seconds"] = time.time() - started
-    out = write_run(resolve_path(config.results_dir), run_name, summary)
-    say(INFO, "final accuracy %.4f after %d rounds (finetune %s, %s, %s); results in %s",
-        summary["final_accuracy"], config.num_server_rounds, config.finetune, config.head,
-        config.partition, out)
-    return out
+    return run(grid, EncoderPath(config))
+
+
+class EncoderPath(RunPath):
+    """The encoder path's own steps in the shared run (`federation.pipeline`): the seeded
+    model, describe, and the method's trainable tensors as what travels."""
+
+    def __init__(self, config: RunConfig) -> None:
+        super().__init__(config)
+        # FLoRA's nodes hold the stacks they merged, and its strategy the stacks it sent: a
+        # round's checkpoint would not be all a resume needs (config refuses resume there)
+        self.checkpoints = config.finetune != "flora"
+
+    def prepare(self, grid: Grid) -> Prepared:
+        config = self.config
+        self.built = built = setup(config)
+        self.initial = initial = {key: value.copy() for key, value in built.initial.items()}
+        nodes = wait_for_nodes(grid)
+        check_num_clients(len(nodes), len(built.data.train.labels))
+        costs = SetupCosts()
+        clients = describe_clients(grid, nodes, costs=costs)
+        check_feature_space(clients, feature_space(config),
+                            differs="train another model or data than the server's", hint="")
+        data = built.data
+        partition = partition_summary(config.partitioning, clients,
+                                      lambda n: built.partitions(config, n),
+                                      data.train.labels, data.train.domains, data.domain_names)
+        say(INFO, "finetune %s: %d trainable tensors, %.2f M of %.2f M parameters travel; "
+            "partition %s", config.finetune, len(initial), _millions(initial),
+            _millions(built.model.state_dict()), partition)
+        features = {"raw": feature_space(config), "num_classes": data.num_classes,
+                    "train_size": len(data.train.labels), "test_size": len(data.test.labels)}
+        return Prepared(nodes, clients, initial, partition, costs, features)
+
+    def strategy_wiring(self, prepared: Prepared) -> dict:
+        return {"strategy_class": _strategy_class(self.built, self.initial)}
+
+    def evaluator(self, strategy: Staged, prepared: Prepared) -> CentralEvaluator:
+        return EncoderEvaluator(self.built, self.config, _loader(self.built, strategy))
+
+    def summarize(self, summary: dict, strategy: Staged, evaluator: CentralEvaluator,
+                  prepared: Prepared, head_init: dict) -> None:
+        initial, model = self.initial, self.built.model
+        summary["finetune"] = {"method": self.config.finetune,
+                               "trainable_tensors": len(initial),
+                               "trainable_parameters": int(sum(a.size for a in initial.values())),
+                               "model_parameters": int(sum(t.numel() for t in
+                                                           model.state_dict().values()))}
+
+    def scorer(self, evaluator: CentralEvaluator, prepared: Prepared) -> ScoreModels:
+        return EncoderScorer(evaluator)
+
+    def last_line(self, summary: dict, out: Path) -> str:
+        config = self.config
+        return (f"final accuracy {summary['final_accuracy']:.4f} after "
+                f"{config.num_server_rounds} rounds (finetune {config.finetune}, {config.head}, "
+                f"{config.partition}); results in {out}")
 
 
 def _millions(arrays) -> float:

@@ -11,6 +11,7 @@ Order of a run:
 5. FedAvg rounds with the stage in each train message, centralised evaluation after each, and
    a checkpoint after each (`resume` goes on from the last one);
 6. `results/<run-name>/summary.json` + `rounds.csv`, and one closing line.
+Steps 5 and 6 are the shared run's (`federation.pipeline`); `FeaturePath` is this path's part.
 Every reply is checked before it is used (`ovalp_flwr.federation.validation`): a node that
 describes itself impossibly is left out, a train reply that is not what it claims is not averaged.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
 from ovalp_flwr.config import RunConfig, check_num_clients
@@ -37,24 +38,20 @@ from ovalp_flwr.core.normalize import NEEDS_STATS, NormStats, normalize
 from ovalp_flwr.data.partition import PartitionSummary
 from ovalp_flwr.features.cache import CachedFeatures, load_or_build
 from ovalp_flwr.federation import protocol as p
-from ovalp_flwr.federation.checkpoint import FILE as CHECKPOINT_FILE
-from ovalp_flwr.federation.checkpoint import part_files
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError, SetupCosts, wait_for_nodes
 from ovalp_flwr.federation.node import all_partitions, held_rows, partition_spec, resolve_path
+from ovalp_flwr.federation.pipeline import Prepared, RunPath, run
 from ovalp_flwr.federation.privacy import (postprocessed, privacy_report, statistics_noise,
                                            statistics_noise_share, statistics_sensitivities)
 from ovalp_flwr.federation.secure_sum import fewest_survivors, statistics_range
-from ovalp_flwr.federation.results import default_run_name, write_run
-from ovalp_flwr.federation.resume import Checkpoints, resumable
-from ovalp_flwr.federation.rounds import equal_share_steps, make_strategy, train_reply_check
-from ovalp_flwr.federation.setup import (StatisticsSum, broadcast_stats, by_partition,
-                                         check_feature_space, describe_clients, global_stats,
-                                         late_admitter, leave_out, statistics_request)
-from ovalp_flwr.federation.summary import finish_run, partition_summary, run_summary
+from ovalp_flwr.federation.setup import (StatisticsSum, broadcast_stats, check_feature_space,
+                                         describe_clients, global_stats, late_admitter,
+                                         leave_out, statistics_request)
+from ovalp_flwr.federation.strategy import Staged
+from ovalp_flwr.federation.summary import partition_summary
 from ovalp_flwr.ops.console import say
 from ovalp_flwr.ova.start_check import checked_start
-from ovalp_flwr.personalize.phase import personalize_after
 from ovalp_flwr.personalize.scoring import FeatureScorer
 
 AUTO_LAMBDA_FIRST = 0.2  # ridge-lambda "auto": only names the statistics until the path chooses
@@ -62,105 +59,97 @@ AUTO_LAMBDA_FIRST = 0.2  # ridge-lambda "auto": only names the statistics until 
 
 def run_ova(grid: Grid, config: RunConfig) -> Path:
     """One OvA-LP (or LP-softmax) run on cached features; returns its results folder."""
-    started = time.time()
-    run_name = config.run_name or default_run_name(config.to_dict())
-    run_dir = resolve_path(config.results_dir) / run_name
-    resumed = resumable(config.reliability, config.to_dict(), run_dir)
-    cache = load_or_build(config.dataset, config.encoder, resolve_path(config.feature_cache_dir),
-                          data_dir=config.data_dir or None, device=config.device,
-                          **config.cache_options())
-    nodes = wait_for_nodes(grid)
-    check_num_clients(len(nodes), len(cache.train.y))  # nodes with own data check theirs
-    choosing_lambda = "ridge-lambda" in config.choices
-    init = make_head_init(config.head_init, AUTO_LAMBDA_FIRST if choosing_lambda
-                          else config.ridge_lambda)
-    # the server's L-BFGS is preconditioned by the Gram matrix, whatever the start
-    setup = set_up(grid, nodes, config, cache, "gram" if config.server_steps else init.statistics)
-    if config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
-        # central DP adds the noise here; under SecAgg+ the clients added it (distributed DP)
-        noisy = setup.statistics.total if setup.statistics.secure else \
-            statistics_noise_share(setup.statistics.total, statistics_noise(config.privacy),
-                                   config.dp_feature_clip)
-        setup.statistics.total = postprocessed(noisy, statistics_noise(config.privacy),
-                                               config.dp_feature_clip)
-    validation = validation_rows(config, cache, setup.norm)
-    chosen = {}
-    if choosing_lambda:  # before the check (it scores starts at this penalty), and after it
-        init, chosen = chosen_penalty(setup.statistics, validation)
-    checked = checked_start(config.robustness, config.seed, config.feature_norm, init,
-                            setup.statistics, setup.clients, setup.norm,
-                            validation.features, validation.labels) \
-        if config.robust_start != "none" else {}
-    if choosing_lambda and (checked.get("left_out") or checked.get("screened_out")
-                            or checked.get("screen_repaired")):
-        # chosen again on the sums kept
-        init, chosen = chosen_penalty(setup.statistics, validation)
-    initial, start = initial_head(config, init, setup.statistics, cache)
-    start.update(checked)
-    start.update(chosen)
-    clients, stats = setup.clients, setup.norm
+    return run(grid, FeaturePath(config))
 
-    # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
-    digest_config = {p.NORM_DIGEST: stats.digest()} if stats else {}
-    steps = equal_share_steps(config, clients)
-    strategy = make_strategy(
-        config,
-        node_order=by_partition(clients),
-        admit=late_admitter(cache, stats, clients),
-        extra_train_config={**digest_config, **({p.LOCAL_STEPS: steps} if steps else {})},
-        check_reply=train_reply_check(config, clients, steps),
-        left_out=set(nodes) - set(clients),
-        statistics=setup.statistics.total,
-        sizes={node: int(c[p.NUM_EXAMPLES]) for node, c in clients.items()},
-    )
-    evaluator = FeatureEvaluator(cache, config, stats, validation)
-    evaluator.round_info = lambda server_round: strategy.rounds.get(server_round, {})
-    evaluator.federated_validation = \
-        lambda server_round: strategy.validation_scores.get(server_round, {}).get("accuracy")
-    if getattr(strategy, "path", None) is not None:  # weight-decay "auto": its walk's scores
-        strategy.score_validation = evaluator.validation_score
-    checkpoints = Checkpoints(run_dir, config.to_dict(), config.checkpoint_every, strategy,
-                              evaluator, clients, stats, start)
-    where = checkpoints.restore(resumed) if resumed else {"initial_arrays": p.to_record(initial)}
-    result = strategy.start(
-        grid=grid,
-        train_config=ConfigRecord(),
-        evaluate_config=ConfigRecord(digest_config),
-        num_rounds=config.num_server_rounds,
-        timeout=config.round_timeout,
-        evaluate_fn=evaluator,
-        after_round=checkpoints,
-        trial_score=evaluator.score,  # L-BFGS: the point sent next, beside the held heads
-        **where,  # the start, or where the checkpoint left off
-    )
-    summary = run_summary(config.to_dict(), result, strategy, evaluator, setup.partition,
-                          _feature_info(cache, stats))
-    finish_run(summary, config.data, config.local_steps, clients, steps, setup.costs)
-    if validation is not None or strategy.federated_validation:
-        rows = len(validation.labels) if validation is not None else \
-            strategy.validation_scores.get(config.num_server_rounds, {}).get("rows", 0)
-        summary.update(validation_summary(config, rows, evaluator.validation_accuracy, summary))
-    summary["head_init"] = checkpoints.head_init
-    if getattr(strategy, "path", None) is not None:
-        summary["weight_decay_path"] = strategy.path.summary()
-    if config.dp_statistics_epsilon > 0 or config.dp_rounds_epsilon > 0:
-        summary["privacy"] = privacy_report(
-            config.privacy, config.rounds, config.data_releases,
-            config.statistics_aggregation == "secagg+", len(clients))
-    if checkpoints.resumes:
-        summary["resumes"] = checkpoints.resumes
-    if config.personalization_methods:
-        scorer = FeatureScorer(evaluator.features, evaluator.labels, config.adapter_activation)
-        summary["personalization"] = personalize_after(grid, config.personalization, clients,
-                                                       result.arrays, stats, run_name, scorer)
-    summary["total_seconds"] = checkpoints.seconds_before + time.time() - started
-    out = write_run(resolve_path(config.results_dir), run_name, summary,
-                    carry=(CHECKPOINT_FILE, *part_files(run_dir)))
-    say(INFO, "final accuracy %.4f after %d rounds (%s start %.4f; %s, %s, %s); results in %s",
-        summary["final_accuracy"], config.num_server_rounds, config.head_init,
-        summary["initial_accuracy"], config.head,
-        "server L-BFGS" if config.server_steps else config.schedule, config.partition, out)
-    return out
+
+class FeaturePath(RunPath):
+    """The cached-feature path's own steps in the shared run (`federation.pipeline`)."""
+
+    def prepare(self, grid: Grid) -> Prepared:
+        """The cache, the set-up exchanges, the start (chosen and checked on validation rows)."""
+        config = self.config
+        self.cache = cache = load_or_build(
+            config.dataset, config.encoder, resolve_path(config.feature_cache_dir),
+            data_dir=config.data_dir or None, device=config.device, **config.cache_options())
+        nodes = wait_for_nodes(grid)
+        check_num_clients(len(nodes), len(cache.train.y))  # nodes with own data check theirs
+        choosing_lambda = "ridge-lambda" in config.choices
+        init = make_head_init(config.head_init, AUTO_LAMBDA_FIRST if choosing_lambda
+                              else config.ridge_lambda)
+        # the server's L-BFGS is preconditioned by the Gram matrix, whatever the start
+        self.setup = setup = set_up(grid, nodes, config, cache,
+                                    "gram" if config.server_steps else init.statistics)
+        if config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
+            # central DP adds the noise here; under SecAgg+ the clients added it (distributed DP)
+            noisy = setup.statistics.total if setup.statistics.secure else \
+                statistics_noise_share(setup.statistics.total, statistics_noise(config.privacy),
+                                       config.dp_feature_clip)
+            setup.statistics.total = postprocessed(noisy, statistics_noise(config.privacy),
+                                                   config.dp_feature_clip)
+        self.validation = validation = validation_rows(config, cache, setup.norm)
+        chosen = {}
+        if choosing_lambda:  # before the check (it scores starts at this penalty), and after it
+            init, chosen = chosen_penalty(setup.statistics, validation)
+        checked = checked_start(config.robustness, config.seed, config.feature_norm, init,
+                                setup.statistics, setup.clients, setup.norm,
+                                validation.features, validation.labels) \
+            if config.robust_start != "none" else {}
+        if choosing_lambda and (checked.get("left_out") or checked.get("screened_out")
+                                or checked.get("screen_repaired")):
+            # chosen again on the sums kept
+            init, chosen = chosen_penalty(setup.statistics, validation)
+        initial, start = initial_head(config, init, setup.statistics, cache)
+        start.update(checked)
+        start.update(chosen)
+        stats = setup.norm
+        # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
+        digest_config = {p.NORM_DIGEST: stats.digest()} if stats else {}
+        return Prepared(nodes, setup.clients, initial, setup.partition, setup.costs,
+                        _feature_info(cache, stats), stats, start, digest_config)
+
+    def strategy_wiring(self, prepared: Prepared) -> dict:
+        """Nodes that connect late are described, checked and briefed; the server's L-BFGS is
+        preconditioned by the summed statistics."""
+        return {"admit": late_admitter(self.cache, prepared.norm, prepared.clients),
+                "statistics": self.setup.statistics.total}
+
+    def evaluator(self, strategy: Staged, prepared: Prepared) -> CentralEvaluator:
+        evaluator = FeatureEvaluator(self.cache, self.config, prepared.norm, self.validation)
+        if getattr(strategy, "path", None) is not None:  # weight-decay "auto": its walk's scores
+            strategy.score_validation = evaluator.validation_score
+        return evaluator
+
+    def trial_score(self, evaluator: CentralEvaluator):
+        return evaluator.score  # L-BFGS: the point sent next, beside the held heads
+
+    def summarize(self, summary: dict, strategy: Staged, evaluator: CentralEvaluator,
+                  prepared: Prepared, head_init: dict) -> None:
+        """The validation rows and the round they pick, the start, the weight-decay path, the
+        privacy spent."""
+        config, validation = self.config, self.validation
+        if validation is not None or strategy.federated_validation:
+            rows = len(validation.labels) if validation is not None else \
+                strategy.validation_scores.get(config.num_server_rounds, {}).get("rows", 0)
+            summary.update(validation_summary(config, rows, evaluator.validation_accuracy,
+                                              summary))
+        summary["head_init"] = head_init
+        if getattr(strategy, "path", None) is not None:
+            summary["weight_decay_path"] = strategy.path.summary()
+        if config.dp_statistics_epsilon > 0 or config.dp_rounds_epsilon > 0:
+            summary["privacy"] = privacy_report(
+                config.privacy, config.rounds, config.data_releases,
+                config.statistics_aggregation == "secagg+", len(prepared.clients))
+
+    def scorer(self, evaluator: CentralEvaluator, prepared: Prepared) -> FeatureScorer:
+        return FeatureScorer(evaluator.features, evaluator.labels, self.config.adapter_activation)
+
+    def last_line(self, summary: dict, out: Path) -> str:
+        config = self.config
+        return (f"final accuracy {summary['final_accuracy']:.4f} after "
+                f"{config.num_server_rounds} rounds ({config.head_init} start "
+                f"{summary['initial_accuracy']:.4f}; {config.head}, "
+                f"{'server L-BFGS' if config.server_steps else config.schedule}, "
+                f"{config.partition}); results in {out}")
 
 
 @dataclass
