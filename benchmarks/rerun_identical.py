@@ -73,14 +73,26 @@ def rerun_finetune(run: str, scratch: Path) -> float:
 
 
 def compare(preset: str, run: str, scratch: Path) -> tuple[bool, str]:
+    """Whether the rerun is the committed run, and if not, which columns differ and by how much
+    at most (a column of numbers), or which summary figures."""
     committed = ROOT / "results" / preset / run
     made = scratch / preset / run
-    same_rounds = rounds(committed / "rounds.csv") == rounds(made / "rounds.csv")
-    before, now = summary(committed / "summary.json"), summary(made / "summary.json")
-    same = same_rounds and before == now
-    what = "identical" if same else (f"differs: rounds {'same' if same_rounds else 'differ'}; "
-                                     f"summary {before} -> {now}")
-    return same, what
+    before, now = rounds(committed / "rounds.csv"), rounds(made / "rounds.csv")
+    differs = []
+    for column in COMPARED:
+        old, new = [r[column] for r in before], [r[column] for r in now]
+        if old != new:
+            try:
+                gap = max(abs(float(a) - float(b)) for a, b in zip(old, new, strict=True))
+                differs.append(f"{column} (max |Δ| {gap:.1e})")
+            except ValueError:
+                differs.append(column)
+    old_summary, new_summary = summary(committed / "summary.json"), summary(made / "summary.json")
+    differs += [key for key in SUMMARY_KEYS if old_summary[key] != new_summary[key]]
+    if not differs:
+        return True, "identical"
+    same = [c for c in (*COMPARED, *SUMMARY_KEYS) if not any(d.startswith(c) for d in differs)]
+    return False, f"differs: {', '.join(differs)}; identical: {', '.join(same)}"
 
 
 def main(argv: list[str] | None = None) -> int:
