@@ -1,6 +1,5 @@
 """Bad config values stop the run with one line naming the key, the value and what is allowed."""
 
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path

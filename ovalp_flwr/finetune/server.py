@@ -19,7 +19,7 @@ from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import SetupCosts, wait_for_nodes
-from ovalp_flwr.federation.pipeline import Prepared, RunPath, run
+from ovalp_flwr.runs.pipeline import Prepared, RunPath, run
 from ovalp_flwr.federation.setup import check_feature_space, describe_clients
 from ovalp_flwr.federation.strategy import Staged
 from ovalp_flwr.federation.summary import partition_summary
@@ -38,7 +38,7 @@ def run_finetune(grid: Grid, config: RunConfig) -> Path:
 
 
 class EncoderPath(RunPath):
-    """The encoder path's own steps in the shared run (`federation.pipeline`): the seeded
+    """The encoder path's own steps in the shared run (`runs.pipeline`): the seeded
     model, describe, and the method's trainable tensors as what travels."""
 
     def __init__(self, config: RunConfig) -> None:

@@ -11,7 +11,7 @@ Order of a run:
 5. FedAvg rounds with the stage in each train message, centralised evaluation after each, and
    a checkpoint after each (`resume` goes on from the last one);
 6. `results/<run-name>/summary.json` + `rounds.csv`, and one closing line.
-Steps 5 and 6 are the shared run's (`federation.pipeline`); `FeaturePath` is this path's part.
+Steps 5 and 6 are the shared run's (`runs.pipeline`); `FeaturePath` is this path's part.
 Every reply is checked before it is used (`ovalp_flwr.federation.validation`): a node that
 describes itself impossibly is left out, a train reply that is not what it claims is not averaged.
 """
@@ -41,7 +41,7 @@ from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError, SetupCosts, wait_for_nodes
 from ovalp_flwr.federation.node import all_partitions, held_rows, partition_spec, resolve_path
-from ovalp_flwr.federation.pipeline import Prepared, RunPath, run
+from ovalp_flwr.runs.pipeline import Prepared, RunPath, run
 from ovalp_flwr.federation.privacy import (postprocessed, privacy_report, statistics_noise,
                                            statistics_noise_share, statistics_sensitivities)
 from ovalp_flwr.federation.secure_sum import fewest_survivors, statistics_range
@@ -63,7 +63,7 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
 
 
 class FeaturePath(RunPath):
-    """The cached-feature path's own steps in the shared run (`federation.pipeline`)."""
+    """The cached-feature path's own steps in the shared run (`runs.pipeline`)."""
 
     def prepare(self, grid: Grid) -> Prepared:
         """The cache, the set-up exchanges, the start (chosen and checked on validation rows)."""
