@@ -13,7 +13,7 @@ from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 import client_app
 import server_app
 from ovalp_flwr.federation import protocol as p
-from ovalp_flwr.features.cache import load_or_build
+from ovalp_flwr.features.cache import cache_path, load_or_build
 from ovalp_flwr.config import RECIPE, ConfigError
 from ovalp_flwr.ops.console import MARK
 from ovalp_flwr.federation.local_grid import InProcessGrid, app_config, run_local
@@ -147,7 +147,8 @@ def test_more_clients_than_samples_stops_before_any_client_is_asked(cache_dir, t
 def test_server_app_reports_a_corrupted_cache_in_one_line(cache_dir, tmp_path, caplog):
     broken = tmp_path / "cache"
     shutil.copytree(cache_dir, broken)
-    train_file = next(broken.glob("*/train.safetensors"))
+    # the run's own cache: others in this worker's shared cache_dir (a `@limit12`, ...) are not read
+    train_file = cache_path(broken, "digits", "pixels") / "train.safetensors"
     blob = bytearray(train_file.read_bytes())
     blob[-1] ^= 0xFF
     train_file.write_bytes(bytes(blob))
