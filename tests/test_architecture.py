@@ -248,3 +248,42 @@ def test_no_module_is_over_the_limit_unless_allowed() -> None:
     assert all(reason for reason in LONG_MODULES.values())
     gone = [path for path in LONG_MODULES if not (REPO / path).is_file()]
     assert not gone, f"LONG_MODULES names modules that no longer exist: {gone}"
+
+
+# --- who sees the whole run config ----------------------------------------------------------
+
+# path -> why it reads the whole RunConfig: the apps, the run pipeline and its paths, the
+# strategy's wiring, the client side's one parse, and the launchers. Every other part is given
+# its own group (`config.privacy`, `config.finetuning`, ...) or what was made from them.
+WHOLE_CONFIG: dict[str, str] = {
+    "ovalp_flwr/config.py": "defines it",
+    "server_app.py": "builds it from Flower's run config",
+    "ovalp_flwr/federation/node.py": "the client side's parse (run_config) and a client's rows "
+                                     "from its groups (node_data)",
+    "ovalp_flwr/runs/pipeline.py": "the run both paths share",
+    "ovalp_flwr/ova/server.py": "the cached path's hooks in that run",
+    "ovalp_flwr/finetune/server.py": "the encoder path's hooks in that run",
+    "ovalp_flwr/federation/rounds.py": "the strategy's wiring, from five groups",
+    "ovalp_flwr/federation/local_grid.py": "launches a run in process",
+    "ovalp_flwr/ops/preflight.py": "validates a run before any process starts",
+    "ovalp_flwr/experiments/sweep.py": "validates and compares every run of a preset",
+}
+
+
+def modules_naming(name: str) -> set[str]:
+    """Path (from the repository root) of every package or app module whose code names `name`
+    (comments and strings do not count)."""
+    found = set()
+    for path in [*sorted(PACKAGE.rglob("*.py")), *APPS]:
+        tokens = tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline)
+        if any(t.type == tokenize.NAME and t.string == name for t in tokens):
+            found.add(str(path.relative_to(REPO)))
+    return found
+
+
+def test_only_the_apps_pipeline_and_launchers_see_the_whole_run_config() -> None:
+    naming = modules_naming("RunConfig")
+    assert naming == set(WHOLE_CONFIG), (
+        f"new: {sorted(naming - set(WHOLE_CONFIG))} (give them their group instead); "
+        f"gone: {sorted(set(WHOLE_CONFIG) - naming)} (take them off WHOLE_CONFIG)")
+    assert len(WHOLE_CONFIG) <= 10

@@ -37,6 +37,11 @@ class RecordingGrid(InProcessGrid):
         return reply
 
 
+def setup_of(config: RunConfig) -> finetune_client.Setup:
+    """The process's setup for `config`, as its server and in-process clients build it."""
+    return finetune_client.setup(config.data, config.finetuning, config.seed, config.device)
+
+
 def run(tmp_path, num_nodes=4, **overrides):
     """One in-process run; returns (summary, grid, the run's process-wide setup)."""
     run_config = {**app_config(), **BASE, "results-dir": str(tmp_path / "results"),
@@ -44,7 +49,7 @@ def run(tmp_path, num_nodes=4, **overrides):
     config = RunConfig.from_mapping(run_config)
     grid = RecordingGrid(client_app, num_nodes, run_config, seed=config.seed)
     out = run_server(grid, config)
-    return json.loads((out / "summary.json").read_text()), grid, finetune_client.setup(config)
+    return json.loads((out / "summary.json").read_text()), grid, setup_of(config)
 
 
 # --- aggregation, by hand ----------------------------------------------------------------
@@ -130,7 +135,7 @@ def test_frozen_tensors_are_bit_identical_after_a_run(tmp_path, method):
     server evaluated on the same (in-process) model, are the pretrained ones."""
     config = RunConfig.from_mapping({**app_config(), **BASE, "finetune": method})
     finetune_client._SETUP.clear()
-    before = make_method(config.finetuning).frozen_state(finetune_client.setup(config).model)
+    before = make_method(config.finetuning).frozen_state(setup_of(config).model)
     _, _, built = run(tmp_path, finetune=method)
     after = built.method.frozen_state(built.model)
     assert set(before) == set(after) and len(after) > 10
@@ -252,7 +257,7 @@ def test_a_flora_node_that_lost_its_state_refuses_to_train(tmp_path):
 
     config = RunConfig.from_mapping({**app_config(), **BASE, "finetune": "flora",
                                      "drift-correction": "none"})
-    built = finetune_client.setup(config)
+    built = setup_of(config)
     from flwr.app import ConfigRecord, RecordDict
 
     content = RecordDict({MERGED: ConfigRecord({"merged": 2})})

@@ -12,8 +12,7 @@ from ovalp_flwr.data.holdout import training_rows, validation_rows
 from ovalp_flwr.features.cache import load_or_build
 from ovalp_flwr.federation.local_grid import run_local
 from ovalp_flwr.federation.checkpoint import read_checkpoint, unpack
-from ovalp_flwr.federation.node import (all_partitions, feature_source, held_rows,
-                                        node_validation_rows, noise_spec, partition_spec)
+from ovalp_flwr.federation.node import all_partitions, held_rows, node_data, node_validation_rows
 from ovalp_flwr.federation.results import read_summary
 from ovalp_flwr.ova import server
 
@@ -41,14 +40,14 @@ def test_the_clients_partition_every_row_but_the_validation_rows(cache_dir):
     config = RunConfig.from_mapping({"encoder": "pixels", "feature-cache-dir": str(cache_dir),
                                      "validation-fraction": 0.2, "partition": "shard"})
     cache = load_or_build("digits", "pixels", cache_dir, progress=False)
-    held = held_rows(cache, partition_spec(config))
-    parts = all_partitions(config, 10)
+    held = held_rows(cache, node_data(config).spec)
+    parts = all_partitions(node_data(config), 10)
     trained = np.concatenate(parts)
     assert len(np.intersect1d(trained, held)) == 0
     assert len(trained) + len(held) == len(cache.train.y) and len(set(trained)) == len(trained)
     assert abs(len(held) - 0.2 * len(cache.train.y)) < 10  # per class rounding
     unheld = dataclasses.replace(config, validation_fraction="auto")
-    assert sum(map(len, all_partitions(unheld, 10))) == len(cache.train.y)  # chooses nothing
+    assert sum(map(len, all_partitions(node_data(unheld), 10))) == len(cache.train.y)  # chooses nothing
 
 
 def test_clients_keep_a_share_of_their_own_partition_where_they_keep_the_rows(cache_dir):
@@ -57,12 +56,11 @@ def test_clients_keep_a_share_of_their_own_partition_where_they_keep_the_rows(ca
     config = RunConfig.from_mapping({"encoder": "pixels", "feature-cache-dir": str(cache_dir),
                                      "validation-rows": "clients", "partition": "shard"})
     cache = load_or_build("digits", "pixels", cache_dir, progress=False)
-    assert config.validation_share == 0.1 and len(held_rows(cache, partition_spec(config))) == 0
+    assert config.validation_share == 0.1 and len(held_rows(cache, node_data(config).spec)) == 0
     # the partition of every row (the server keeps none: "auto" resolves to 0 there)
-    whole = all_partitions(dataclasses.replace(config, validation_rows="server"), 10)
-    source, spec, noise = feature_source(config), partition_spec(config), noise_spec(config)
-    trained = all_partitions(config, 10)
-    kept = [node_validation_rows(source, spec, noise, client, 10) for client in range(10)]
+    whole = all_partitions(node_data(dataclasses.replace(config, validation_rows="server")), 10)
+    trained = all_partitions(node_data(config), 10)
+    kept = [node_validation_rows(node_data(config), client, 10) for client in range(10)]
     for part, everything, (_, labels) in zip(trained, whole, kept):
         assert set(part) <= set(everything) and len(part) + len(labels) == len(everything)
     for part, (features, labels) in zip(trained, kept):
@@ -81,8 +79,7 @@ def test_federated_validation_is_the_exact_sum_of_what_each_client_keeps(cache_d
                "feature-norm": "none", "head-init": "random", "run-name": "federated"}
     summary = read_summary(run_local(options, 10))
     config = RunConfig.from_mapping(options)
-    kept = [node_validation_rows(feature_source(config), partition_spec(config),
-                                 noise_spec(config), client, 10) for client in range(10)]
+    kept = [node_validation_rows(node_data(config), client, 10) for client in range(10)]
     features = np.concatenate([x for x, _ in kept])
     labels = np.concatenate([y for _, y in kept])
     heads = unpack("global", read_checkpoint(tmp_path / "federated").arrays)

@@ -85,12 +85,13 @@ def test_a_corrupted_node_cache_fails_that_node_with_a_clear_error(nodes, tmp_pa
 
 def test_node_config_paths_override_the_run_config():
     run = RunConfig(data_dir="/run/data", feature_cache_dir="run-cache")
-    shared = feature_source(run, {"partition-id": 0, "num-partitions": 2})
+    shared = feature_source(run.data, "auto", {"partition-id": 0, "num-partitions": 2})
     assert (shared.data_dir, shared.cache_dir, shared.own_data) == ("/run/data", "run-cache", False)
-    node = feature_source(run, {"data-dir": "/node/data", "feature-cache-dir": "/node/cache"})
+    node = feature_source(run.data, "auto",
+                          {"data-dir": "/node/data", "feature-cache-dir": "/node/cache"})
     assert (node.data_dir, node.cache_dir, node.own_data) == ("/node/data", "/node/cache", True)
     with pytest.raises(ValueError, match="node config: data-dir=3 is not allowed"):
-        feature_source(run, {"data-dir": 3})
+        feature_source(run.data, "auto", {"data-dir": 3})
 
 
 def test_a_node_with_its_own_data_holds_back_its_share_of_validation_rows(nodes, tmp_path):

@@ -13,8 +13,7 @@ import torch
 from client_app import app as flower_client_app
 from ovalp_flwr.core.model import model_from_numpy
 from ovalp_flwr.federation import protocol as p
-from ovalp_flwr.federation.node import feature_source, node_rows, node_test_rows, noise_spec, \
-    partition_spec
+from ovalp_flwr.federation.node import node_data, node_rows, node_test_rows
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.federation.local_grid import InProcessGrid, app_config, run_local
 from ovalp_flwr.personalize import METHODS
@@ -33,18 +32,18 @@ SMALL_PFT = {"adapter-dim": 16, "head-init": "random", "num-server-rounds": 2, "
 def test_client_test_splits_follow_their_training_classes_and_never_hold_a_training_row(cache_dir):
     config = RunConfig.from_mapping({**app_config(), "encoder": "pixels",
                                      "feature-cache-dir": str(cache_dir), **LABEL_SHIFT})
-    source, spec, noise = feature_source(config), partition_spec(config), noise_spec(config)
+    data = node_data(config)
     sizes = []
     for pid in range(5):
-        train = node_rows(source, spec, noise, pid, 5)
-        test_x, test_y = node_test_rows(source, spec, noise, pid, 5)
+        train = node_rows(data, pid, 5)
+        test_x, test_y = node_test_rows(data, pid, 5)
         train_classes, counts = np.unique(train.labels, return_counts=True)
         assert set(np.unique(test_y)) == set(train_classes)  # its own label distribution
         shares = np.array([np.mean(test_y == c) for c in train_classes])
         assert np.allclose(shares, counts / counts.sum(), atol=0.05)
         seen = {row.tobytes() for row in train.features}
         assert not any(row.tobytes() in seen for row in test_x)  # disjoint from training
-        again = node_test_rows.__wrapped__(source, spec, noise, pid, 5)
+        again = node_test_rows.__wrapped__(data, pid, 5)
         assert np.array_equal(again[0], test_x)  # seeded: the same split every time
         sizes.append(len(test_y))
     assert abs(sum(sizes) - 360) <= 25  # each client holds its share of the 360 test rows

@@ -24,7 +24,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.adversary import attack
 from ovalp_flwr.federation.adversary.base import Attack
-from ovalp_flwr.federation.node import all_partitions, node_partition, run_config
+from ovalp_flwr.federation.node import all_partitions, node_data, node_partition, run_config
 
 ATTACKER_STREAM = 7919  # the seed's stream that picks the attackers, apart from the partition's
 
@@ -46,7 +46,7 @@ def partition_sizes(context: Context, num_partitions: int) -> list[int]:
     config = run_config(context)
     if config.finetune != "none":
         return [1] * num_partitions
-    return [len(rows) for rows in all_partitions(config, num_partitions)]
+    return [len(rows) for rows in all_partitions(node_data(config), num_partitions)]
 
 
 def attack_of(context: Context) -> str | None:

@@ -30,8 +30,10 @@ from safetensors.numpy import save as st_save
 
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.durable import replace_durably
+from ovalp_flwr.core.options import TrainingOptions
 from ovalp_flwr.core.training import LocalSchedule
 from ovalp_flwr.data.holdout import training_rows, validation_rows
+from ovalp_flwr.data.options import DataOptions
 from ovalp_flwr.data.noise import NoiseSpec, noisy_labels
 from ovalp_flwr.data.partition import PartitionSpec, partition_indices
 from ovalp_flwr.features.cache import (CachedFeatures, CacheError, cache_path, feature_space,
@@ -69,7 +71,8 @@ class FeatureSource:
         return {"limit_per_class": self.limit_per_class, "image_size": self.image_size}
 
 
-def feature_source(config: RunConfig, node_config: Mapping[str, Any] | None = None) -> FeatureSource:
+def feature_source(data: DataOptions, device: str = "auto",
+                   node_config: Mapping[str, Any] | None = None) -> FeatureSource:
     """The run's cache, or the node's own one if its node config names a data or cache dir."""
     node = dict(node_config or {})
     for key in NODE_PATH_KEYS:
@@ -79,14 +82,41 @@ def feature_source(config: RunConfig, node_config: Mapping[str, Any] | None = No
                 f'(--node-config "{key}=\'/path\'")'
             )
     return FeatureSource(
-        dataset=config.dataset,
-        encoder=config.encoder,
-        cache_dir=node.get("feature-cache-dir", config.feature_cache_dir),
-        data_dir=node.get("data-dir", config.data_dir),
+        dataset=data.dataset,
+        encoder=data.encoder,
+        cache_dir=node.get("feature-cache-dir", data.feature_cache_dir),
+        data_dir=node.get("data-dir", data.data_dir),
         own_data=any(key in node for key in NODE_PATH_KEYS),
-        device=config.device,
-        **config.cache_options(),
+        device=device,
+        **data.cache_options(),
     )
+
+
+@dataclass(frozen=True)
+class NodeData:
+    """What a client's rows are made of: the cache it reads, the partition and the label noise.
+    The client side's one reader of the whole run config builds it (`node_data`); the rows
+    below take only this."""
+
+    source: FeatureSource
+    spec: PartitionSpec
+    noise: NoiseSpec
+
+
+def node_data(config: RunConfig, node_config: Mapping[str, Any] | None = None) -> NodeData:
+    """The run's data, partition and noise groups (and its seed, device and validation share)
+    as a client reads its rows; `node_config`: the node's own data or cache dir, if it names one."""
+    parts, data = config.partitioning, config.data
+    spec = PartitionSpec(parts.partition, config.seed, parts.classes_per_client,
+                         parts.dirichlet_p, parts.dirichlet_alpha, parts.zipf_s,
+                         parts.within_domain, config.validation_share, data.validation_rows)
+    return NodeData(feature_source(data, config.device, node_config), spec,
+                    noise_spec(data, config.seed))
+
+
+def noise_spec(data: DataOptions, seed: int) -> NoiseSpec:
+    """The run's label noise, drawn by its seed."""
+    return NoiseSpec(data.label_noise, data.noise_rate, seed)
 
 
 @lru_cache(maxsize=2)
@@ -96,21 +126,11 @@ def node_features(source: FeatureSource) -> CachedFeatures:
                          data_dir=source.data_dir or None, device=source.device, **source.options)
 
 
-def partition_spec(config: RunConfig) -> PartitionSpec:
-    return PartitionSpec(config.partition, config.seed, config.classes_per_client,
-                         config.dirichlet_p, config.dirichlet_alpha, config.zipf_s,
-                         config.within_domain, config.validation_share, config.validation_rows)
-
-
-def noise_spec(config: RunConfig) -> NoiseSpec:
-    return NoiseSpec(config.label_noise, config.noise_rate, config.seed)
-
-
 @lru_cache(maxsize=4)
-def train_labels(source: FeatureSource, noise: NoiseSpec) -> np.ndarray:
+def train_labels(data: NodeData) -> np.ndarray:
     """The training labels clients see: the cache's, with the run's label noise applied."""
-    cached = node_features(source)
-    return noisy_labels(cached.train.y, cached.num_classes, noise)
+    cached = node_features(data.source)
+    return noisy_labels(cached.train.y, cached.num_classes, data.noise)
 
 
 def held_rows(cached: CachedFeatures, spec: PartitionSpec) -> np.ndarray:
@@ -123,17 +143,16 @@ def held_rows(cached: CachedFeatures, spec: PartitionSpec) -> np.ndarray:
 
 
 @lru_cache(maxsize=4)
-def _split(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec, num_partitions: int
-           ) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+def _split(data: NodeData, num_partitions: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     """Every client's (training rows, validation rows it keeps), indices of the whole training
     split. Partitioned on the noisy labels (noise comes first, as in the benchmarks), after the
     server's validation rows are held back; where the clients keep theirs, each holds back its
     share of its own partition, stratified by its (domain, clean label), its own draw."""
-    cached = node_features(source)
+    cached, spec = node_features(data.source), data.spec
     rows = training_rows(len(cached.train.y), held_rows(cached, spec))
     needs_features = "feature-skew" in (spec.kind, spec.within_domain)
     parts = [rows[part] for part in partition_indices(
-        spec, train_labels(source, noise)[rows], num_partitions,
+        spec, train_labels(data)[rows], num_partitions,
         cached.train.x[rows] if needs_features else None, cached.train.domain[rows])]
     if spec.validation_rows != "clients":
         return tuple((part, np.empty(0, np.int64)) for part in parts)
@@ -145,25 +164,19 @@ def _split(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec, num_par
     return tuple(split)
 
 
-def _partition(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
-               num_partitions: int) -> tuple[np.ndarray, ...]:
-    """Every client's training rows (`_split`)."""
-    return tuple(train for train, _ in _split(source, spec, noise, num_partitions))
+def all_partitions(data: NodeData, num_partitions: int) -> tuple[np.ndarray, ...]:
+    """Every client's training rows, indices of the cache's training split (`_split`): the
+    server's partition summary reads them for the run's shared cache."""
+    return tuple(train for train, _ in _split(data, num_partitions))
 
 
-def node_validation_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
-                         partition_id: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
+def node_validation_rows(data: NodeData, partition_id: int,
+                         num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
     """The validation rows this client keeps (validation-rows = "clients"): features and
     clean labels (the validation split scores; label noise is the training rows' fault)."""
-    cached = node_features(source)
-    rows = _split(source, spec, noise, num_partitions)[partition_id][1]
+    cached = node_features(data.source)
+    rows = _split(data, num_partitions)[partition_id][1]
     return np.ascontiguousarray(cached.train.x[rows]), cached.train.y[rows].astype(np.int64)
-
-
-def all_partitions(config: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:
-    """Every client's row indices of the run's shared cache (the server's partition summary)."""
-    return _partition(feature_source(config), partition_spec(config), noise_spec(config),
-                      num_partitions)
 
 
 @dataclass(frozen=True)
@@ -177,41 +190,42 @@ class NodeRows:
 
 
 @lru_cache(maxsize=8)
-def node_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec, partition_id: int,
-              num_partitions: int) -> NodeRows:
+def node_rows(data: NodeData, partition_id: int, num_partitions: int) -> NodeRows:
     """This client's rows, once per process. A node that owns its data also keeps them in a
     small verified file beside its cache, so the fresh process Flower's deployment runtime
     starts for every message reads a few MB instead of the whole cache (and never imports the
     partitioners)."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id={partition_id} is not allowed; use 0..{num_partitions - 1}")
+    source = data.source
     if not source.own_data:
-        return _rows_from_cache(source, spec, noise, partition_id, num_partitions)
+        return _rows_from_cache(data, partition_id, num_partitions)
     node_features_dir = resolve_path(source.cache_dir)
     folder = cache_path(node_features_dir, source.dataset, source.encoder, **source.options)
     if not folder.exists():
         node_features(source)  # first run on this node: build its cache
     manifest = read_manifest(node_features_dir, source.dataset, source.encoder, **source.options)
-    request = {"partition": asdict(spec), "noise": asdict(noise), "partition_id": partition_id,
+    request = {"partition": asdict(data.spec), "noise": asdict(data.noise),
+               "partition_id": partition_id,
                "num_partitions": num_partitions, "train_sha256": manifest["splits"]["train"]["sha256"]}
     path = _rows_path(folder, request)
     if path.exists():
         return _read_rows(path, request, feature_space(manifest))
-    rows = _rows_from_cache(source, spec, noise, partition_id, num_partitions)
+    rows = _rows_from_cache(data, partition_id, num_partitions)
     _write_rows(path, rows, request)
     return rows
 
 
-def _rows_from_cache(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
-                     partition_id: int, num_partitions: int) -> NodeRows:
+def _rows_from_cache(data: NodeData, partition_id: int, num_partitions: int) -> NodeRows:
+    source = data.source
     cached = node_features(source)
     if source.own_data and num_partitions > len(cached.train.y):  # the server checks the run's
         raise ValueError(
             f"node config: num-partitions={num_partitions} is not allowed; this node's training "
             f"split ({source.dataset} in data-dir {source.data_dir!r}) has only "
             f"{len(cached.train.y)} samples")
-    rows = _partition(source, spec, noise, num_partitions)[partition_id]
-    labels = train_labels(source, noise)[rows]
+    rows = all_partitions(data, num_partitions)[partition_id]
+    labels = train_labels(data)[rows]
     return NodeRows(np.ascontiguousarray(cached.train.x[rows]), labels,
                     int(np.sum(labels != cached.train.y[rows])), cached.feature_space())
 
@@ -260,18 +274,18 @@ def _read_rows(path: Path, request: dict, space: str) -> NodeRows:
 
 
 @lru_cache(maxsize=8)
-def node_test_rows(source: FeatureSource, spec: PartitionSpec, noise: NoiseSpec,
-                   partition_id: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
+def node_test_rows(data: NodeData, partition_id: int,
+                   num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
     """This client's own test split (personalization's Local accuracy): rows of its cache's test
     split drawn with the class counts of its training partition scaled by test/train size, from
     the domains it trains on, so it follows the client's own label distribution and inputs (its
     corruption, camera or concept) and holds its share of the test split. Seeded by (run seed,
     partition id); never a training row (another split); clean labels."""
-    cached = node_features(source)
-    train = node_rows(source, spec, noise, partition_id, num_partitions).labels
-    domains = cached.train.domain[_partition(source, spec, noise, num_partitions)[partition_id]]
+    cached = node_features(data.source)
+    train = node_rows(data, partition_id, num_partitions).labels
+    domains = cached.train.domain[all_partitions(data, num_partitions)[partition_id]]
     return local_test_split(train, cached.test.y, np.bincount(cached.train.domain),
-                            np.random.default_rng([spec.seed, partition_id, 0x7E57]),
+                            np.random.default_rng([data.spec.seed, partition_id, 0x7E57]),
                             cached.test.x, domains, cached.test.domain)
 
 
@@ -322,15 +336,15 @@ def node_partition(context: Context) -> tuple[int, int]:
         ) from None
 
 
-def local_schedule(config: RunConfig, round_config: Mapping | None = None,
+def local_schedule(training: TrainingOptions, round_config: Mapping | None = None,
                    num_examples: int = 0) -> LocalSchedule:
     """The run's local optimiser; the steps come from `local-steps`, else from the server
     (epoch-size "equal-share" or "own-data-equal-steps": the same for every client), else from
     the client's epochs. Under "own-data-equal-steps" a client bigger than an equal share takes
     bigger batches, so that its epochs still pass over all of its data."""
-    steps = config.local_steps or int((round_config or {}).get(p.LOCAL_STEPS, 0))
-    batch = config.batch_size
-    if config.epoch_size == "own-data-equal-steps" and steps and not config.local_steps:
-        batch = max(batch, math.ceil(num_examples * config.local_epochs / steps))
-    return LocalSchedule(config.local_epochs, batch, config.learning_rate,
-                         config.first_weight_decay, config.local_optimizer, steps)
+    steps = training.local_steps or int((round_config or {}).get(p.LOCAL_STEPS, 0))
+    batch = training.batch_size
+    if training.epoch_size == "own-data-equal-steps" and steps and not training.local_steps:
+        batch = max(batch, math.ceil(num_examples * training.local_epochs / steps))
+    return LocalSchedule(training.local_epochs, batch, training.learning_rate,
+                         training.first_weight_decay, training.local_optimizer, steps)

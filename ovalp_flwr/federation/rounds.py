@@ -55,7 +55,7 @@ def train_reply_check(config: RunConfig, clients: dict[int, dict], steps: int) -
     def planned(examples: int) -> int:  # the same few counts, round after round
         if config.server_steps:
             return 0  # a gradient, no local steps
-        return local_schedule(config, round_config, examples).num_steps(examples)
+        return local_schedule(config.training, round_config, examples).num_steps(examples)
 
     def check(node: int, arrays: dict[str, np.ndarray], metrics: dict,
               global_arrays: dict[str, np.ndarray]) -> str | None:

@@ -19,6 +19,7 @@ from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import SetupCosts, wait_for_nodes
+from ovalp_flwr.federation.node import node_data
 from ovalp_flwr.runs.pipeline import Prepared, RunPath, run
 from ovalp_flwr.federation.setup import check_feature_space, describe_clients
 from ovalp_flwr.federation.strategy import Staged
@@ -49,22 +50,23 @@ class EncoderPath(RunPath):
 
     def prepare(self, grid: Grid) -> Prepared:
         config = self.config
-        self.built = built = setup(config)
+        self.built = built = setup(config.data, config.finetuning, config.seed, config.device)
         self.initial = initial = {key: value.copy() for key, value in built.initial.items()}
         nodes = wait_for_nodes(grid)
         check_num_clients(len(nodes), len(built.data.train.labels))
         costs = SetupCosts()
         clients = describe_clients(grid, nodes, costs=costs)
-        check_feature_space(clients, feature_space(config),
+        space = feature_space(config.data, config.finetuning, config.seed)
+        check_feature_space(clients, space,
                             differs="train another model or data than the server's", hint="")
         data = built.data
         partition = partition_summary(config.partitioning, clients,
-                                      lambda n: built.partitions(config, n),
+                                      lambda n: built.partitions(node_data(config).spec, n),
                                       data.train.labels, data.train.domains, data.domain_names)
         say(INFO, "finetune %s: %d trainable tensors, %.2f M of %.2f M parameters travel; "
             "partition %s", config.finetune, len(initial), _millions(initial),
             _millions(built.model.state_dict()), partition)
-        features = {"raw": feature_space(config), "num_classes": data.num_classes,
+        features = {"raw": space, "num_classes": data.num_classes,
                     "train_size": len(data.train.labels), "test_size": len(data.test.labels)}
         return Prepared(nodes, clients, initial, partition, costs, features)
 

@@ -18,7 +18,6 @@ from flwr.client.mod import secaggplus_mod
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 
-from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.devices import one_cpu_thread, resolve_device
 from ovalp_flwr.core.head_init.statistics import KINDS, ClassStatistics
 from ovalp_flwr.core.heads import FullBatchGradient, accuracy, full_batch_gradient, loss_for
@@ -29,11 +28,12 @@ from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.adversary import attack
 from ovalp_flwr.federation.attacks import attack_of
 from ovalp_flwr.federation.privacy import clip_rows, statistics_noise, statistics_noise_share
-from ovalp_flwr.federation.node import (NodeRows, feature_source, local_schedule, node_partition,
-                                        node_rows, node_test_rows, node_validation_rows,
-                                        noise_spec, partition_spec, run_config)
+from ovalp_flwr.federation.node import (NodeData, NodeRows, local_schedule, node_data,
+                                        node_partition, node_rows, node_test_rows,
+                                        node_validation_rows, run_config)
 from ovalp_flwr.federation.scaffold_client import drift_offset, reply_variate
 from ovalp_flwr.personalize.client import personalization_reply, score_reply
+from ovalp_flwr.privacy.options import PrivacyOptions
 
 # run -> partition id -> (features, labels). One run's rows at a time: a process that serves
 # many runs (a sweep in process, a Ray worker) would otherwise keep a training split per run.
@@ -47,19 +47,20 @@ def describe(msg: Message, context: Context) -> Message:
     normalisation that needs no global statistics), its class statistics too."""
     config = run_config(context)
     partition_id, num_partitions = node_partition(context)
-    rows = _rows(config, context)
+    data = node_data(config, context.node_config)
+    rows = node_rows(data, partition_id, num_partitions)
     content = RecordDict({
         p.METRICS: MetricRecord({
             p.PARTITION_ID: partition_id, p.NUM_PARTITIONS: num_partitions,
             p.NUM_EXAMPLES: len(rows.labels), p.NOISY_EXAMPLES: rows.noisy,
-            p.OWN_DATA: int(feature_source(config, context.node_config).own_data),
+            p.OWN_DATA: int(data.source.own_data),
         }),
         p.CONFIG: ConfigRecord({p.FEATURE_SPACE: rows.feature_space}),
     })
     if NEEDS_STATS[config.feature_norm] and len(rows.labels):
         moments = FeatureMoments.of(per_sample(config.feature_norm, rows.features))
         content[p.MOMENTS] = p.to_record({"sum": moments.total, "sum-sq": moments.total_sq})
-    _add_statistics(content, config, context, msg.content[p.CONFIG], digest="")
+    _add_statistics(content, config.privacy, context, msg.content[p.CONFIG], digest="")
     return Message(content=content, reply_to=msg)
 
 
@@ -70,19 +71,19 @@ def set_norm(msg: Message, context: Context) -> Message:
     content = RecordDict({p.METRICS: MetricRecord({"stored": 1})})
     request = msg.content.config_records.get(p.CONFIG, ConfigRecord())
     digest = NormStats(**p.from_record(msg.content[p.NORM])).digest()
-    _add_statistics(content, run_config(context), context, request, digest)
+    _add_statistics(content, run_config(context).privacy, context, request, digest)
     return Message(content=content, reply_to=msg)
 
 
-def _add_statistics(content: RecordDict, config: RunConfig, context: Context,
+def _add_statistics(content: RecordDict, privacy: PrivacyOptions, context: Context,
                     request: Mapping, digest: str) -> None:
     """The class statistics, if asked for; a client without data sends none."""
-    stats = client_statistics(config, context, request, digest)
+    stats = client_statistics(privacy, context, request, digest)
     if stats is not None and stats.num_samples:
         content[p.STATISTICS] = p.to_record(stats.to_arrays())
 
 
-def client_statistics(config: RunConfig, context: Context, request: Mapping,
+def client_statistics(privacy: PrivacyOptions, context: Context, request: Mapping,
                       digest: str) -> ClassStatistics | None:
     """Per-class counts and sums of the normalised features (and their Gram matrix) the
     server's request asks for; None if it asks for none."""
@@ -92,9 +93,9 @@ def client_statistics(config: RunConfig, context: Context, request: Mapping,
                          f"of: {', '.join(KINDS)}")
     if kind == "none":
         return None
-    features, labels = _device_rows(config, context, digest)
-    if config.dp_statistics_epsilon > 0:  # the server's noise covers one clipped example
-        features = clip_rows(features, config.dp_feature_clip)
+    features, labels = _device_rows(context, digest)
+    if privacy.dp_statistics_epsilon > 0:  # the server's noise covers one clipped example
+        features = clip_rows(features, privacy.dp_feature_clip)
     return ClassStatistics.of(features, labels, int(request[p.NUM_CLASSES]), kind == "gram")
 
 
@@ -126,13 +127,13 @@ def _statistics_fitres(msg: Message, context: Context) -> Message:
     request, config = fitins.config, run_config(context)
     digest = str(request.get(p.NORM_DIGEST, ""))
     if request.get(p.GRADIENT):
-        features, labels = _device_rows(config, context, digest)
+        features, labels = _device_rows(context, digest)
         weight, bias = parameters_to_ndarrays(fitins.parameters)
         vector = (full_batch_gradient(weight, bias, features, labels, config.head) if len(labels)
                   else FullBatchGradient.empty(*weight.shape)).to_vector()
         what, examples = "gradient entry", len(labels)
     else:
-        stats = client_statistics(config, context, request, digest)
+        stats = client_statistics(config.privacy, context, request, digest)
         examples = stats.num_samples
         if p.NOISE_SHARES in request and examples:  # distributed DP: this client's share
             stats = statistics_noise_share(stats, statistics_noise(config.privacy),
@@ -152,17 +153,17 @@ def train(msg: Message, context: Context) -> Message:
     round_config = msg.content[p.CONFIG]
     server_round = int(round_config["server-round"])
     partition_id, _ = node_partition(context)
-    features, labels = _device_rows(config, context, str(round_config.get(p.NORM_DIGEST, "")))
+    features, labels = _device_rows(context, str(round_config.get(p.NORM_DIGEST, "")))
     if (kind := attack_of(context)) is not None:  # an attack rehearsal (`federation.adversary`)
         labels = attack(kind).labels(labels, _num_heads(msg))
     if round_config.get(p.GRADIENT):
-        return _gradient_reply(msg, config, features, labels)
+        return _gradient_reply(msg, config.head, features, labels)
     offset = drift_offset(msg, context)
     result = train_local(
         p.from_record(msg.content[p.ARRAYS]), features, labels,
         head_type=config.head,
         stage=int(round_config[p.STAGE]),
-        schedule=local_schedule(config, round_config, len(labels)),
+        schedule=local_schedule(config.training, round_config, len(labels)),
         generator=shuffle_generator(config.seed, server_round, partition_id),
         gradient_offset=offset,
         activation=config.adapter_activation,
@@ -186,14 +187,14 @@ def _num_heads(msg: Message) -> int:
     return len(msg.content[p.ARRAYS]["bias"].numpy())
 
 
-def _gradient_reply(msg: Message, config: RunConfig, features: torch.Tensor,
+def _gradient_reply(msg: Message, head: str, features: torch.Tensor,
                     labels: torch.Tensor) -> Message:
     """For a server-side optimiser (`server-optimizer = "lbfgs"`): the loss, its gradient and the
     heads' mean curvature on all this client's rows at the heads sent, as means (the server
     weights them by sample count: their mean is the centralised gradient, exactly)."""
     started = time.perf_counter()
     arrays = p.from_record(msg.content[p.ARRAYS])
-    result = (full_batch_gradient(arrays["weight"], arrays["bias"], features, labels, config.head)
+    result = (full_batch_gradient(arrays["weight"], arrays["bias"], features, labels, head)
               if len(labels) else FullBatchGradient.empty(*arrays["weight"].shape))
     metrics = MetricRecord({p.NUM_EXAMPLES: len(labels), p.TRAIN_LOSS: result.loss,
                             p.TRAIN_SECONDS: time.perf_counter() - started, p.LOCAL_STEPS: 0,
@@ -211,7 +212,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     config = run_config(context)
     request = msg.content[p.CONFIG]
     on_validation = int(request.get(p.VALIDATION, 0)) == 1
-    features, labels = _device_rows(config, context, str(request.get(p.NORM_DIGEST, "")),
+    features, labels = _device_rows(context, str(request.get(p.NORM_DIGEST, "")),
                                     "validation" if on_validation else "train")
     head = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), features.device,
                             config.adapter_activation)
@@ -239,54 +240,43 @@ def _stored_stats(context: Context, digest: str) -> NormStats | None:
     return stats
 
 
-def _rows(config: RunConfig, context: Context) -> NodeRows:
-    """This node's partition of the cache it reads (the run's, or its own: see client_data)."""
-    partition_id, num_partitions = node_partition(context)
-    source = feature_source(config, context.node_config)
-    return node_rows(source, partition_spec(config), noise_spec(config), partition_id,
-                     num_partitions)
-
-
-def _device_rows(config: RunConfig, context: Context, digest: str,
+def _device_rows(context: Context, digest: str,
                  split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     """This client's normalised features and labels on its device, built once per process:
     its training partition, its own test split (split="test": `node_test_rows`) or the
     validation rows it keeps (split="validation": `node_validation_rows`)."""
+    config = run_config(context)
     partition_id, num_partitions = node_partition(context)
-    run = (feature_source(config, context.node_config), partition_spec(config),
-           noise_spec(config), config.feature_norm, config.device, num_partitions, digest)
+    data, norm = node_data(config, context.node_config), config.feature_norm
+    run = (data, norm, num_partitions, digest)
     if run not in _ON_DEVICE:
         _ON_DEVICE.clear()
         _ON_DEVICE[run] = {}
     on_device = _ON_DEVICE[run]
     if (split, partition_id) not in on_device:
         stats = _stored_stats(context, digest)
-        rows = {"train": _rows, "test": _test_rows, "validation": _validation_rows}[split](
-            config, context)
-        device = resolve_device(config.device)
-        features = normalize(config.feature_norm, rows.features, stats) if len(rows.labels) \
-            else rows.features
+        rows = _ROWS_OF[split](data, partition_id, num_partitions)
+        features = normalize(norm, rows.features, stats) if len(rows.labels) else rows.features
+        device = resolve_device(data.source.device)
         on_device[split, partition_id] = (
             torch.from_numpy(np.ascontiguousarray(features)).to(device),
             torch.from_numpy(rows.labels.astype(np.int64)).to(device))
     return on_device[split, partition_id]
 
 
-def _scored_rows(rows_of: Callable[..., tuple[np.ndarray, np.ndarray]]
-                 ) -> Callable[[RunConfig, Context], NodeRows]:
+def _scored_rows(rows_of: Callable[[NodeData, int, int], tuple[np.ndarray, np.ndarray]]
+                 ) -> Callable[[NodeData, int, int], NodeRows]:
     """This client's rows that only score (its own test split, the validation rows it keeps),
-    from `rows_of(source, spec, noise, partition_id, num_partitions)`; clean labels."""
-    def rows(config: RunConfig, context: Context) -> NodeRows:
-        partition_id, num_partitions = node_partition(context)
-        features, labels = rows_of(feature_source(config, context.node_config),
-                                   partition_spec(config), noise_spec(config), partition_id,
-                                   num_partitions)
+    from `rows_of(data, partition_id, num_partitions)`; clean labels."""
+    def rows(data: NodeData, partition_id: int, num_partitions: int) -> NodeRows:
+        features, labels = rows_of(data, partition_id, num_partitions)
         return NodeRows(features, labels, 0, "")
     return rows
 
 
-_test_rows = _scored_rows(node_test_rows)
-_validation_rows = _scored_rows(node_validation_rows)
+_ROWS_OF: dict[str, Callable[[NodeData, int, int], NodeRows]] = {
+    "train": node_rows, "test": _scored_rows(node_test_rows),
+    "validation": _scored_rows(node_validation_rows)}
 
 
 # ------------------------------------------------------------------ personalization (PFT)
@@ -299,8 +289,8 @@ def personalize(msg: Message, context: Context) -> Message:
     split, and snapshots at the run's curve epochs. A node with a `model-dir` keeps the model."""
     config = run_config(context)
     digest = str(msg.content[p.CONFIG].get(p.NORM_DIGEST, ""))
-    features, labels = _device_rows(config, context, digest)
-    test_rows = _device_rows(config, context, digest, split="test")
+    features, labels = _device_rows(context, digest)
+    test_rows = _device_rows(context, digest, split="test")
     global_model = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), features.device,
                                     config.adapter_activation)
     return personalization_reply(msg, context, config.personalization, config.head, config.seed,
@@ -313,7 +303,7 @@ def score_personalized(msg: Message, context: Context) -> Message:
     (`personalize.client.score_reply`): each is a head (and adapter) on the cached features."""
     config = run_config(context)
     digest = str(msg.content[p.CONFIG].get(p.NORM_DIGEST, ""))
-    test_rows = _device_rows(config, context, digest, split="test")
+    test_rows = _device_rows(context, digest, split="test")
     device, activation = test_rows[0].device, config.adapter_activation
     global_model = model_from_numpy(p.from_record(msg.content[p.ARRAYS]), device, activation)
 

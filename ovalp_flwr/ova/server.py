@@ -40,7 +40,7 @@ from ovalp_flwr.features.cache import CachedFeatures, load_or_build
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError, SetupCosts, wait_for_nodes
-from ovalp_flwr.federation.node import all_partitions, held_rows, partition_spec, resolve_path
+from ovalp_flwr.federation.node import all_partitions, held_rows, node_data, resolve_path
 from ovalp_flwr.runs.pipeline import Prepared, RunPath, run
 from ovalp_flwr.federation.privacy import (postprocessed, privacy_report, statistics_noise,
                                            statistics_noise_share, statistics_sensitivities)
@@ -176,7 +176,7 @@ def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeature
                                statistics=summed, cache=cache)
     check_feature_space(clients, cache.feature_space())
     partition = partition_summary(config.partitioning, clients,
-                                  lambda n: all_partitions(config, n),
+                                  lambda n: all_partitions(node_data(config), n),
                                   cache.train.y, cache.train.domain, cache.domain_names)
     say(INFO, "partition %s", partition)
     norm = global_stats(config.feature_norm, clients)
@@ -266,7 +266,7 @@ def validation_rows(config: RunConfig, cache: CachedFeatures,
     """The training rows no client holds (`validation-fraction`), or None where the run holds
     none back. The server has the training split in its cache, as it has for the partition
     summary; nodes with their own data hold back their share of theirs."""
-    held = held_rows(cache, partition_spec(config))
+    held = held_rows(cache, node_data(config).spec)
     if not len(held):
         return None
     return ValidationRows(normalize(config.feature_norm, cache.train.x[held], norm),
