@@ -2,11 +2,17 @@
 updates are what they claim, and on a small federation each defence beats a scaled update that
 FedAvg's mean does not survive (`federation.robust`)."""
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from ovalp_flwr.federation.aggregators import RULES
+import ovalp_flwr
 from ovalp_flwr.federation.adversary import ATTACKS, attack
 from ovalp_flwr.federation.attacks import attackers
 from ovalp_flwr.federation.local_grid import run_local
@@ -94,7 +100,7 @@ def test_a_statistics_attack_forges_what_every_check_still_passes():
     assert np.array_equal(forged(honest, "stats-count")["counts"], 10 * honest["counts"])
 
 
-def test_each_attack_lies_only_where_it_says_and_is_a_registry_line():
+def test_each_attack_lies_only_where_it_says():
     sent, trained = {"weight": np.ones(2, np.float32)}, {"weight": np.full(2, 2.0, np.float32)}
     labels = torch.tensor([0, 1, 2])
     for kind in ATTACKS:
@@ -102,5 +108,36 @@ def test_each_attack_lies_only_where_it_says_and_is_a_registry_line():
         moved_update = not np.array_equal(lie.update(trained, sent, False)["weight"],
                                           trained["weight"])
         assert moved_update == (kind in ("scale-10", "scale-100", "sign-flip")), kind
+        assert lie.updates_only == moved_update, kind  # what the encoder path may rehearse
         assert torch.equal(lie.labels(labels, 3), labels) == (kind != "label-flip"), kind
         assert (lie.count(5) == 5) == (kind != "stats-count"), kind
+
+
+NEW_ATTACK = '''"""`zero-update`: sends the global model back unchanged (a free rider)."""
+
+from ovalp_flwr.federation.adversary.base import Attack
+
+
+class ZeroUpdate(Attack):
+    name = "zero-update"
+    updates_only = True
+
+    def update(self, arrays, sent, gradient):
+        return {key: 0 * value if gradient else sent[key] for key, value in arrays.items()}
+'''
+
+
+def test_a_new_attack_is_one_file(tmp_path):
+    """A file dropped into `federation/adversary/` is an attack the config accepts, on both
+    paths (it lies only in its update), with nothing else edited."""
+    package = Path(ovalp_flwr.__file__).parent
+    shutil.copytree(package, tmp_path / "ovalp_flwr", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "ovalp_flwr" / "federation" / "adversary" / "zero_update.py").write_text(NEW_ATTACK)
+    check = ("from ovalp_flwr.config import RunConfig; "
+             "from ovalp_flwr.federation.adversary import ATTACKS, UPDATES_ONLY, attack; "
+             "RunConfig.from_mapping({'attack': 'zero-update', 'finetune': 'lp', 'head-init': 'random'}); "
+             "print(sorted(set(ATTACKS) - set(sys.argv[1:])), 'zero-update' in UPDATES_ONLY, "
+             "type(attack('zero-update')).__name__)")
+    out = subprocess.run([sys.executable, "-c", "import sys; " + check, *ATTACKS], cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["['zero-update']", "True", "ZeroUpdate"]

@@ -1,31 +1,38 @@
 """The attacks a run can rehearse (`attack`), one file each, found by name.
 
-A new attack is its file here (an `Attack` subclass, `base.py`: it changes what it lies about,
-the labels it trains on, its update, its statistics or the count it states) and its line in
-`ATTACKS`. This module imports neither torch nor Flower, so `config` reads the names from it;
-which clients attack, and the ClientApp mod that applies an attack, are `federation/attacks.py`.
+A new attack is one file here: an `Attack` subclass (`base.py`) with its `name`, changing what
+it lies about (the labels it trains on, its update, its statistics or the count it states).
+Every file of this folder is imported once, and each named subclass registers itself. Neither
+torch nor Flower is imported, so `config` reads the names from here; which clients attack, and
+the ClientApp mod that applies an attack, are `federation/attacks.py`.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
-ATTACKS = {  # attack -> "module:class" in this package
-    "scale-10": "scaled:ScaleTen",
-    "scale-100": "scaled:ScaleHundred",
-    "sign-flip": "scaled:SignFlip",
-    "label-flip": "label_flip:LabelFlip",
-    "stats-flip": "stats_flip:StatsFlip",
-    "stats-gram": "stats_gram:StatsGram",
-    "stats-count": "stats_count:StatsCount",
-}
-UPDATES_ONLY = ("scale-10", "scale-100", "sign-flip")  # what the fine-tuning path can rehearse
+from ovalp_flwr.federation.adversary.base import REGISTRY, Attack
+
+NOT_ATTACKS = ("base", "options")  # this folder's files that define none
 
 
-def attack(kind: str):
-    """The attack `kind` (an `Attack`)."""
+def _found() -> dict[str, type[Attack]]:
+    """Every attack of this folder's files, by name, in file order."""
+    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if module.name not in NOT_ATTACKS:
+            importlib.import_module(f"{__name__}.{module.name}")
+    return dict(REGISTRY)
+
+
+ATTACKS = _found()
+UPDATES_ONLY = tuple(name for name, cls in ATTACKS.items() if cls.updates_only)  # the encoder
+# path can rehearse these: its clients send updates, never statistics or labels of theirs
+
+
+def attack(kind: str) -> Attack:
+    """The attack `kind`."""
     if kind not in ATTACKS:
         raise ValueError(f"attack={kind!r} is not allowed; use one of "
                          f"{', '.join(['none', *ATTACKS])}")
-    module, name = ATTACKS[kind].split(":")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)()
+    return ATTACKS[kind]()

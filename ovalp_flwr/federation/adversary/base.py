@@ -7,12 +7,25 @@ import numpy as np
 
 Arrays = dict[str, np.ndarray]
 FORGERY = 10.0  # the statistics forgeries' factor
+REGISTRY: dict[str, type[Attack]] = {}  # `attack` value -> its class, filled as files load
 
 
 class Attack:
-    """An attacker's behaviour (`attack`); which clients attack is `attacks.attackers`."""
+    """An attacker's behaviour (`attack`); which clients attack is `attacks.attackers`. A
+    subclass that sets `name` is that `attack` value: defining it registers it."""
 
+    name = ""  # the `attack` value that picks this class ("" : a base for others)
     trains_on_lies = False  # True: the client's own training changes (its labels), not a reply
+    updates_only = False  # True: it lies only in its update, so the encoder path can rehearse it
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("name"):
+            return
+        if cls.name in REGISTRY and REGISTRY[cls.name].__qualname__ != cls.__qualname__:
+            raise ValueError(f"attack {cls.name!r} is defined twice: "
+                             f"{REGISTRY[cls.name].__module__} and {cls.__module__}")
+        REGISTRY[cls.name] = cls
 
     def labels(self, labels, num_classes: int):
         """The labels it trains on (a torch tensor)."""

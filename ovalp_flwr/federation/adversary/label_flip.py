@@ -7,6 +7,7 @@ from ovalp_flwr.federation.adversary.base import Attack
 
 
 class LabelFlip(Attack):
+    name = "label-flip"
     trains_on_lies = True
 
     def labels(self, labels, num_classes):

@@ -9,6 +9,7 @@ from ovalp_flwr.federation.adversary.base import Attack
 
 class Scaled(Attack):
     factor = 1.0
+    updates_only = True
 
     def update(self, arrays, sent, gradient):
         if gradient:
@@ -18,12 +19,12 @@ class Scaled(Attack):
 
 
 class ScaleTen(Scaled):
-    factor = 10.0
+    name, factor = "scale-10", 10.0
 
 
 class ScaleHundred(Scaled):
-    factor = 100.0
+    name, factor = "scale-100", 100.0
 
 
 class SignFlip(Scaled):
-    factor = -1.0
+    name, factor = "sign-flip", -1.0

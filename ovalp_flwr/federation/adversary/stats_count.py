@@ -8,6 +8,8 @@ from ovalp_flwr.federation.adversary.base import FORGERY, Attack
 
 
 class StatsCount(Attack):
+    name = "stats-count"
+
     def statistics(self, arrays):
         return {**arrays, "counts": (FORGERY * arrays["counts"]).astype(arrays["counts"].dtype)}
 

@@ -7,5 +7,7 @@ from ovalp_flwr.federation.adversary.base import Attack
 
 
 class StatsFlip(Attack):
+    name = "stats-flip"
+
     def statistics(self, arrays):
         return {**arrays, "sums": -arrays["sums"]}

@@ -7,6 +7,8 @@ from ovalp_flwr.federation.adversary.base import FORGERY, Attack
 
 
 class StatsGram(Attack):
+    name = "stats-gram"
+
     def statistics(self, arrays):
         return {**arrays, **{key: (FORGERY * arrays[key]).astype(arrays[key].dtype)
                              for key in ("square-norms", "gram-triu") if key in arrays}}
