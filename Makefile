@@ -6,6 +6,7 @@
 #   make test-fast                  the edit loop: the in-process tests but the slow ones
 #   make docker-images              the compose demo's images (docs/docker.md)
 #   make test-docker                the compose demo end to end (needs a docker engine)
+#   make test-browser               the MLflow UI in headless Chromium (docs/tracking.md)
 #   make check-reports              every report under reports/ remade from results/, compared
 PYTHON ?= python3
 VENV := .venv
@@ -20,7 +21,7 @@ WORKERS ?= 4
 FAST_WORKERS ?= 2
 xdist = -n $(1) $(if $(filter 0,$(1)),,--dist loadgroup)
 
-.PHONY: run test test-fast test-docker docker-images check-reports install clean
+.PHONY: run test test-fast test-docker test-browser docker-images check-reports install clean
 
 # The tests' processes keep what they free for reuse (glibc's malloc tunables): the suite makes
 # and frees large tensors thousands of times, and each one got a fresh mmap whose pages fault in
@@ -41,7 +42,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
 	@{ $(PY) -m pip install --upgrade pip && \
 	   $(PY) -m pip install torch==2.13.0 && \
-	   $(PY) -m pip install -e ".[test]"; } > $(VENV)/install.log 2>&1 \
+	   $(PY) -m pip install -e ".[test,tracking]"; } > $(VENV)/install.log 2>&1 \
 	 || { tail -n 20 $(VENV)/install.log; echo "install failed; see $(VENV)/install.log"; exit 1; }
 	@touch $(STAMP)
 
@@ -59,6 +60,9 @@ docker-images: $(STAMP)
 
 test-docker: $(STAMP)
 	@$(PY) -m pytest -q -rs -m docker $(ARGS)
+
+test-browser: $(STAMP)
+	@$(PY) -m pytest -q -rs -m browser $(ARGS)
 
 check-reports: $(STAMP)
 	@$(PY) -m ovalp_flwr.experiments.report.check $(ARGS)

@@ -30,6 +30,7 @@ from ovalp_flwr.finetune.options import FinetuneOptions
 from ovalp_flwr.options import ConfigError, Options, coerce, dash, key, one_of, plain_name
 from ovalp_flwr.personalize.options import PFT_PREFIX, PersonalizeOptions, default_pft
 from ovalp_flwr.privacy.options import PrivacyOptions
+from ovalp_flwr.tracking.options import TrackingOptions
 
 __all__ = ["ConfigError", "RunConfig", "RunOptions", "GROUPS", "RECIPE", "check_num_clients",
            "choices_made", "validation_share", "NOT_PART_OF_THE_RESULT"]
@@ -41,11 +42,14 @@ DEVICES = ("auto", "cpu", "cuda")
 RECIPE: dict[str, Any] = {"local-optimizer": "adamw", "learning-rate": 0.01,
                           "drift-correction": "none", "epoch-size": "own-data",
                           "weight-decay": 1e-4, "head-init": "random"}
-# Where a run's files live, which device ran it, how it meets faults and whether it was resumed:
+# Where a run's files live, which device ran it, how it meets faults, whether it was resumed and
+# where it is tracked:
 # none changes what the run computes (a fault it met is in its per-round records).
 NOT_PART_OF_THE_RESULT = frozenset({"run-name", "results-dir", "feature-cache-dir", "data-dir",
                                     "device", "round-timeout", "exclude-after-rejections",
-                                    "checkpoint-every", "resume", "scaffold-variates"})
+                                    "checkpoint-every", "resume", "scaffold-variates",
+                                    "tracking", "tracking-uri", "tracking-experiment",
+                                    "tracking-parent", "tracking-tags"})
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,8 @@ GROUPS: dict[str, type[Options]] = {
     "data": DataOptions, "partitioning": PartitionOptions, "training": TrainingOptions,
     "rounds": RoundOptions, "start": StartOptions, "robustness": RobustOptions,
     "privacy": PrivacyOptions, "adversary": AttackOptions, "reliability": ReliabilityOptions,
-    "finetuning": FinetuneOptions, "personalization": PersonalizeOptions, "run": RunOptions}
+    "finetuning": FinetuneOptions, "personalization": PersonalizeOptions, "run": RunOptions,
+    "tracker": TrackingOptions}
 
 
 def _owners() -> dict[str, str]:
@@ -119,6 +124,7 @@ class RunConfig:
     finetuning: FinetuneOptions
     personalization: PersonalizeOptions
     run: RunOptions
+    tracker: TrackingOptions
 
     def __init__(self, **values: Any) -> None:
         """Groups by attribute (`training=TrainingOptions(...)`) or keys by field name

@@ -136,17 +136,22 @@ def unit_of(item) -> str | None:
     return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
 
 
+ON_REQUEST = ("docker", "browser")  # markers whose tests run only under `-m <marker>`
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """The `docker` tests only when asked for (`pytest -m docker`: `.ci/run` runs them after the
-    suite, with a docker engine started). e2e units first, longest first (their tests in file
-    order); then the `slow` in-process tests, then the rest, each in its file's order: so that
-    no worker ends the session alone on a long test."""
-    if "docker" not in (config.getoption("markexpr", "") or ""):
-        docker = [item for item in items if item.get_closest_marker("docker")]
-        if docker:
-            config.hook.pytest_deselected(items=docker)
-            items[:] = [item for item in items if not item.get_closest_marker("docker")]
+    """The `docker` and `browser` tests only when asked for (`pytest -m docker`, `-m browser`:
+    `.ci/run` runs them after the suite, with a docker engine started and Chromium installed).
+    e2e units first, longest first (their tests in file order); then the `slow` in-process
+    tests, then the rest, each in its file's order: so that no worker ends the session alone on
+    a long test."""
+    for marker in ON_REQUEST:
+        if marker not in (config.getoption("markexpr", "") or ""):
+            asked = [item for item in items if item.get_closest_marker(marker)]
+            if asked:
+                config.hook.pytest_deselected(items=asked)
+                items[:] = [item for item in items if not item.get_closest_marker(marker)]
     units: dict[str, list] = {}
     for item in items:
         if (unit := unit_of(item)) is not None:

@@ -20,7 +20,10 @@ from ovalp_flwr.ops.processes import descendants
 from ovalp_flwr.federation.local_grid import run_local
 from ovalp_flwr.personalize.store import read_model
 from ovalp_flwr.federation.results import read_summary
+from ovalp_flwr.tracking.tracker import local_store
 from e2e import left_behind  # tests/ is on sys.path under pytest
+from test_tracking import logged_as_its_results
+
 
 class AppProcesses(threading.Thread):
     """Which app executables ran under the server's runtime and under the nodes' runtimes."""
@@ -69,7 +72,8 @@ def test_a_secure_deployment_of_nodes_with_their_own_data_runs_secagg_and_person
     results = secure_deployment.root / "results"
     run_config = (f"encoder='pixels' num-server-rounds=1 partition='iid' run-name='deploy' "
                   f"results-dir='{results}' feature-cache-dir='{secure_deployment.root / 'server-cache'}' "
-                  "statistics-aggregation='secagg+' personalize='ft' pft-epochs=2")
+                  "statistics-aggregation='secagg+' personalize='ft' pft-epochs=2 "
+                  "tracking='mlflow'")  # the ServerApp logs, as in simulation (results/mlflow.db)
     # before the run: a SuperNode whose key pair was never registered; the SuperLink refuses it
     private, _ = certs.make_node_keys(deployment.certs, "intruder")
     intruder = deploy.start_supernode(deployment, 2, 3, None, private_key=private,
@@ -112,6 +116,7 @@ def test_a_secure_deployment_of_nodes_with_their_own_data_runs_secagg_and_person
         log = (logs / f"supernode-{i}-clientapp.log").read_text(errors="replace")
         assert "Start `flwr-clientapp` process" in log
     summary = json.loads((results / "deploy" / "summary.json").read_text())
+    logged_as_its_results(local_store(results), "digits", results / "deploy")
     assert summary["num_clients"] == 2 and [r["round"] for r in summary["rounds"]] == [1]
     assert summary["rounds"][0]["clients_trained"] == 2
     assert summary["partition"]["kind"] == "iid of node-local data"

@@ -43,6 +43,7 @@ from ovalp_flwr.ops import launch
 from ovalp_flwr.ops.console import quiet_flower
 from ovalp_flwr.ops.processes import sigterm_unwinds
 from ovalp_flwr.federation.results import read_summary
+from ovalp_flwr.tracking.tracker import git_commit, local_store, sweep_parent
 
 PAPER_SEEDS = (0, 42, 777, 1337, 15254)
 REFERENCE_AXIS, REFERENCE_CHOICE = "partition", "iid"
@@ -308,6 +309,19 @@ def sweep(preset: Preset, specs: list[RunSpec], results_root: Path, runner: str)
     return failed
 
 
+def tracked(preset: Preset, specs: list[RunSpec], uri: str) -> list[RunSpec]:
+    """The runs, each logged to MLflow (`uri`) as a child of the preset's parent run, in the
+    preset's experiment, tagged with the preset and its axis choices. None of these keys is
+    part of the result (`is_done` still reuses a finished run)."""
+    parent = sweep_parent(uri, preset.name, {"ovalp.git-commit": git_commit()}) or ""
+    return [dataclasses.replace(spec, run_config={
+        **spec.run_config, "tracking": "mlflow", "tracking-uri": uri,
+        "tracking-experiment": preset.name, "tracking-parent": parent,
+        "tracking-tags": " ".join([f"ovalp.preset={preset.name}",
+                                   *(f"{axis}={choice}" for axis, choice in spec.choices)])})
+        for spec in specs]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ovalp_flwr.experiments.sweep",
                                      description=__doc__.split("\n\n")[0])
@@ -322,6 +336,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=Path, default=Path("results"),
                         help="where results/<preset>/ is (default: %(default)s)")
     parser.add_argument("--list", action="store_true", help="print the runs and their state")
+    parser.add_argument("--tracking", choices=("none", "mlflow"), default=None,
+                        help="log every run to MLflow as a child of the preset's parent run "
+                             "(default: the preset's `tracking`, else none; docs/tracking.md)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow's tracking URI (default: the preset's, else "
+                             "<results-dir>/mlflow.db)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show the in-process runner's Flower log (--runner local)")
     args = parser.parse_args(argv)
@@ -338,6 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for spec in specs:
             print(f"{'done' if is_done(preset, spec, root) else 'todo'}  {spec.name}")
         return 0
+    tracking = args.tracking or preset.config.get("tracking", "none")
+    if tracking == "mlflow":
+        specs = tracked(preset, specs, args.tracking_uri or preset.config.get("tracking-uri")
+                        or local_store(root))
     with sigterm_unwinds():  # the running simulation's processes are stopped too
         failed = sweep(preset, specs, root, args.runner)
     if failed:

@@ -30,6 +30,7 @@ ROUND_COLUMNS = (
 
 
 PERSONALIZATION_FILE = "personalization.csv"
+RESULT_FILES = ("summary.json", "rounds.csv", PLOT_FILE, PERSONALIZATION_FILE)  # those it has
 PERSONALIZATION_COLUMNS = ("method", "partition", "num_train", "num_test", "local", "global",
                            "distortion", "seconds")
 

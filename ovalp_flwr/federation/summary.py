@@ -24,18 +24,8 @@ def run_summary(settings: dict, result: Result, strategy: Staged,
     """What `summary.json` holds (README, "Results"); `settings`: the run's config, its keys and
     values (the run config's `to_dict`)."""
     accuracies = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_serverapp.items()}
-    local = {r: float(m[p.ACCURACY]) for r, m in result.evaluate_metrics_clientapp.items()}
     last = settings["num-server-rounds"]  # 0: the start is the result
-    rounds = [
-        {"round": r, "accuracy": accuracies[r],
-         **({"val_accuracy": evaluator.validation_accuracy[r]}
-            if r in evaluator.validation_accuracy else {}),
-         "local_accuracy": local.get(r),
-         **strategy.rounds.get(r, {}), "server_eval_seconds": evaluator.seconds[r],
-         "round_seconds": evaluator.round_seconds[r],
-         **({"domain_accuracy": evaluator.domain_accuracy[r]} if evaluator.domain_names else {})}
-        for r in range(1, last + 1)
-    ]
+    rounds = [round_row(r, result, strategy, evaluator) for r in range(1, last + 1)]
     domains = {"domain_accuracy": {"initial": evaluator.domain_accuracy[0],
                                    "final": evaluator.domain_accuracy[last]}} \
         if evaluator.domain_names else {}
@@ -52,6 +42,25 @@ def run_summary(settings: dict, result: Result, strategy: Staged,
         "rounds": rounds,
         "versions": versions(),
     }
+
+
+def round_row(server_round: int, result: Result, strategy: Staged,
+              evaluator: CentralEvaluator) -> dict:
+    """One round's row of summary.json's `rounds` (rounds.csv), from what the round recorded;
+    round 0, the start: its accuracies only."""
+    accuracy = float(result.evaluate_metrics_serverapp[server_round][p.ACCURACY])
+    validation = ({"val_accuracy": evaluator.validation_accuracy[server_round]}
+                  if server_round in evaluator.validation_accuracy else {})
+    domains = ({"domain_accuracy": evaluator.domain_accuracy[server_round]}
+               if evaluator.domain_names else {})
+    if server_round == 0:
+        return {"round": 0, "accuracy": accuracy, **validation, **domains}
+    local = result.evaluate_metrics_clientapp.get(server_round)
+    return {"round": server_round, "accuracy": accuracy, **validation,
+            "local_accuracy": None if local is None else float(local[p.ACCURACY]),
+            **strategy.rounds.get(server_round, {}),
+            "server_eval_seconds": evaluator.seconds[server_round],
+            "round_seconds": evaluator.round_seconds[server_round], **domains}
 
 
 def partition_summary(config: PartitionOptions, clients: dict[int, dict],

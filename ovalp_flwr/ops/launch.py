@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ovalp_flwr.ops.console import RunConsole, new_log_path, relative
 from ovalp_flwr.ops.ports import free_port
+from ovalp_flwr.tracking.tracker import git_commit
 from ovalp_flwr.ops.processes import sigterm_unwinds, stop_group
 from ovalp_flwr.federation.results import read_summary
 from ovalp_flwr.federation.single_run import iid_twin, summary_lines
@@ -43,9 +44,11 @@ def flower_env(flwr_home: Path, ray_address: str | None = None) -> dict[str, str
 
     Our interpreter's bin/ goes first on PATH: the SuperLink starts `flower-superexec` and the
     simulation runtime by name. `ray_address`: the Ray cluster it joins (`ops/ray_cluster.py`).
+    The code's commit goes along: the installed app has no repository to ask (`tracking`).
     """
     return {
         **os.environ,
+        "OVALP_GIT_COMMIT": git_commit(),
         **({"RAY_ADDRESS": ray_address} if ray_address else {}),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "FLWR_HOME": str(flwr_home),

@@ -15,30 +15,35 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 
 from ovalp_flwr.config import RunConfig
 from ovalp_flwr.core.normalize import NormStats
 from ovalp_flwr.data.partition import PartitionSummary
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.checkpoint import FILE as CHECKPOINT_FILE
+from ovalp_flwr.federation.checkpoint import Checkpoint
 from ovalp_flwr.federation.checkpoint import part_files
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import SetupCosts
 from ovalp_flwr.federation.node import resolve_path
-from ovalp_flwr.federation.results import default_run_name, write_run
+from ovalp_flwr.federation.results import RESULT_FILES, default_run_name, write_run
 from ovalp_flwr.federation.resume import Checkpoints, resumable
 from ovalp_flwr.federation.rounds import equal_share_steps, make_strategy, train_reply_check
 from ovalp_flwr.federation.setup import by_partition
 from ovalp_flwr.federation.strategy import Staged
-from ovalp_flwr.federation.summary import finish_run, run_summary
+from ovalp_flwr.federation.summary import finish_run, round_row, run_summary, versions
 from ovalp_flwr.ops.console import say
 from ovalp_flwr.personalize.phase import personalize_after
 from ovalp_flwr.personalize.scoring import ServerScorer
+from ovalp_flwr.tracking.tracker import (Tracker, flat_metrics, git_commit, make_tracker,
+                                         personalization_metrics, run_params)
 
 
 @dataclass
@@ -102,7 +107,22 @@ def run(grid: Grid, path: RunPath) -> Path:
     run_name = config.run_name or default_run_name(settings)
     run_dir = resolve_path(config.results_dir) / run_name
     resumed = resumable(config.reliability, settings, run_dir)
+    tracker = make_tracker(config.tracker, config.dataset, resolve_path(config.results_dir),
+                           run_name, resumed is not None)
+    try:
+        return _run(grid, path, tracker, run_name, run_dir, resumed, started)
+    except BaseException:
+        tracker.finish({}, [], failed=True)  # the MLflow run ends FAILED (a resume goes on)
+        raise
+
+
+def _run(grid: Grid, path: RunPath, tracker: Tracker, run_name: str, run_dir: Path,
+         resumed: Checkpoint | None, started: float) -> Path:
+    config, settings = path.config, path.config.to_dict()
     prepared = path.prepare(grid)
+    tracker.start(run_params(settings, prepared.partition.to_dict(), versions()),
+                  {**config.tracker.tags(), "ovalp.run-name": run_name,
+                   "ovalp.git-commit": git_commit()})
     clients = prepared.clients
     steps = equal_share_steps(config, clients)
     strategy = make_strategy(
@@ -132,7 +152,8 @@ def run(grid: Grid, path: RunPath) -> Path:
         num_rounds=config.num_server_rounds,
         timeout=config.round_timeout,
         evaluate_fn=evaluator,
-        after_round=checkpoints if path.checkpoints else None,
+        after_round=tracked(tracker, strategy, evaluator,
+                            checkpoints if path.checkpoints else None),
         trial_score=path.trial_score(evaluator),
         **where,  # the start, or where the checkpoint left off
     )
@@ -150,4 +171,26 @@ def run(grid: Grid, path: RunPath) -> Path:
     out = write_run(resolve_path(config.results_dir), run_name, summary,
                     carry=(CHECKPOINT_FILE, *part_files(run_dir)))
     say(INFO, "%s", path.last_line(summary, out))
+    rows = [round_row(0, result, strategy, evaluator), *summary["rounds"]]
+    tracked_at = tracker.finish({row["round"]: flat_metrics(row) for row in rows},
+                                [out / name for name in RESULT_FILES],
+                                final=personalization_metrics(summary.get("personalization", {})))
+    if tracked_at:
+        say(INFO, "%s", tracked_at)
     return out
+
+
+def tracked(tracker: Tracker, strategy: Staged, evaluator: CentralEvaluator,
+            checkpoints: Callable[[int, ArrayRecord, Result], None] | None
+            ) -> Callable[[int, ArrayRecord, Result], None]:
+    """What runs after each round: the checkpoint first (a crash after it resumes from this
+    round, and the resumed run does not log it twice), then the round's metrics for the
+    tracker (the start's with round 1's), which logs them off the loop."""
+    def after_round(server_round: int, arrays: ArrayRecord, result: Result) -> None:
+        if checkpoints is not None:
+            checkpoints(server_round, arrays, result)
+        if 0 in result.evaluate_metrics_serverapp:
+            tracker.log_step(0, flat_metrics(round_row(0, result, strategy, evaluator)))
+        tracker.log_step(server_round,
+                         flat_metrics(round_row(server_round, result, strategy, evaluator)))
+    return after_round
