@@ -215,6 +215,15 @@ def test_tracking_without_mlflow_is_one_config_error(monkeypatch, tmp_path):
         tracking.make_tracker(config.tracker, "digits", tmp_path, "run", False)
 
 
+def test_the_launcher_refuses_tracking_without_mlflow_before_flower_starts(monkeypatch):
+    from ovalp_flwr.ops.preflight import PreflightError, check_run
+
+    monkeypatch.setattr(tracking.importlib.util, "find_spec",
+                        lambda name: None if name == "mlflow" else object())
+    with pytest.raises(PreflightError, match=r"tracking='mlflow'.*pip install"):
+        check_run(Path(__file__).resolve().parents[1], ["--run-config", "tracking='mlflow'"])
+
+
 def test_tags_are_name_value_pairs():
     assert RunConfig.from_mapping({"tracking-tags": "a=1 b=x"}).tracker.tags() == \
         {"a": "1", "b": "x"}

@@ -19,6 +19,7 @@ from click import ClickException
 from flwr.common.config import flatten_dict, get_project_config, parse_config_args
 
 from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.tracking.tracker import needs_mlflow
 from ovalp_flwr.data.registry import missing_data
 
 RUN_CONFIG_FLAGS = ("--run-config", "-c")
@@ -111,6 +112,8 @@ def check_run(app: Path, flwr_args: Sequence[str]) -> RunConfig:
     """Everything that can be known before starting Flower; PreflightError if it is wrong."""
     try:
         config = RunConfig.from_mapping(fused_run_config(app, flwr_args))
+        if config.tracking == "mlflow":
+            needs_mlflow()  # before any Flower process starts, as every other config error
     except ConfigError as err:
         raise PreflightError(str(err)) from None
     check_data(config, app)
