@@ -9,6 +9,7 @@ machine's). Writes a Markdown table (`--out`) and exits 1 if any run differs.
 
     python benchmarks/rerun_identical.py server-optimizer:digits-lbfgs-iid-seed0 ...
     python benchmarks/rerun_identical.py --out benchmarks/results/identical.md PRESET:RUN ...
+    python benchmarks/rerun_identical.py --against-code ../older PRESET:RUN ...  # today vs a checkout
 """
 
 from __future__ import annotations
@@ -39,20 +40,23 @@ def summary(path: Path) -> dict:
     return {key: data.get(key) for key in SUMMARY_KEYS}
 
 
-def rerun(preset: str, run: str, scratch: Path) -> float:
-    """Today's code on the run's spec, in a fresh process; its seconds. `finetune-compare` is
+def rerun(preset: str, run: str, scratch: Path, code: Path = ROOT) -> float:
+    """The code of the checkout `code` (today's: this one) on the run's spec (that checkout's
+    preset), in a fresh process started there; its seconds. `finetune-compare` is
     benchmarks/finetune_compare.py's grid (its CPU sizes), not a preset."""
     if preset == "finetune-compare":
+        if code != ROOT:
+            raise SystemExit("--against-code: finetune-compare runs in this process, with today's code only")
         return rerun_finetune(run, scratch)
-    code = ("import sys; from pathlib import Path; "
+    program = ("import sys; from pathlib import Path; "
             "from ovalp_flwr.experiments.sweep import load_preset, run_one; "
             "preset = load_preset(Path(sys.argv[1])); "
             "seed = int(sys.argv[2].rsplit('seed', 1)[1]); "
             "spec = next(s for s in preset.runs([seed]) if s.name == sys.argv[2]); "
             "run_one(preset, spec, Path(sys.argv[3]), 'local')")
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, str(ROOT / "conf" / f"{preset}.toml"), run,
-                    str(scratch)], check=True, cwd=ROOT, capture_output=True)
+    subprocess.run([sys.executable, "-c", program, str(code / "conf" / f"{preset}.toml"), run,
+                    str(scratch)], check=True, cwd=code, capture_output=True)  # cwd: its code
     return time.perf_counter() - started
 
 
@@ -72,10 +76,11 @@ def rerun_finetune(run: str, scratch: Path) -> float:
     raise SystemExit(f"finetune-compare has no run {run!r}")
 
 
-def compare(preset: str, run: str, scratch: Path) -> tuple[bool, str]:
-    """Whether the rerun is the committed run, and if not, which columns differ and by how much
-    at most (a column of numbers), or which summary figures."""
-    committed = ROOT / "results" / preset / run
+def compare(preset: str, run: str, scratch: Path, committed: Path | None = None
+            ) -> tuple[bool, str]:
+    """Whether the rerun is the committed run (or the run in `committed`), and if not, which
+    columns differ and by how much at most (a column of numbers), or which summary figures."""
+    committed = committed or ROOT / "results" / preset / run
     made = scratch / preset / run
     before, now = rounds(committed / "rounds.csv"), rounds(made / "rounds.csv")
     differs = []
@@ -95,23 +100,37 @@ def compare(preset: str, run: str, scratch: Path) -> tuple[bool, str]:
     return False, f"differs: {', '.join(differs)}; identical: {', '.join(same)}"
 
 
+def _commit(checkout: Path) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=checkout).stdout.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="preset:run, e.g. server-optimizer:digits-lbfgs-iid-seed0")
     parser.add_argument("--out", type=Path, help="write the table here too")
+    parser.add_argument("--against-code", type=Path,
+                        help="a checkout of older code (git worktree add): run each there too "
+                             "and compare today's run with it, not with the committed one")
     args = parser.parse_args(argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()
-    lines = [f"Runs rerun at {commit} (`python benchmarks/rerun_identical.py {' '.join(args.runs)}`)"
-             ", compared with the committed results: every round's accuracy, stage, train loss "
-             "and client counts, and the summary's initial, final and best accuracy, as exact "
-             "floats.", "", "| preset | run | seconds | result |", "|---|---|---:|---|"]
+    commit = _commit(ROOT)
+    against = "the committed results" if args.against_code is None else (
+        f"the same runs by the code at {_commit(args.against_code)}")
+    flags = "" if args.against_code is None else f"--against-code {args.against_code} "
+    lines = [f"Runs rerun at {commit} (`python benchmarks/rerun_identical.py {flags}"
+             f"{' '.join(args.runs)}`), compared with {against}: every round's accuracy, stage, "
+             "train loss and client counts, and the summary's initial, final and best accuracy, "
+             "as exact floats.", "", "| preset | run | seconds | result |", "|---|---|---:|---|"]
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for item in args.runs:
             preset, run = item.split(":", 1)
-            seconds = rerun(preset, run, Path(tmp))
-            same, what = compare(preset, run, Path(tmp))
+            seconds = rerun(preset, run, Path(tmp) / "today")
+            older = None
+            if args.against_code is not None:
+                rerun(preset, run, Path(tmp) / "older", args.against_code.resolve())
+                older = Path(tmp) / "older" / preset / run
+            same, what = compare(preset, run, Path(tmp) / "today", older)
             failed += not same
             lines.append(f"| {preset} | {run} | {seconds:.0f} | {what} |")
             print(lines[-1], flush=True)
