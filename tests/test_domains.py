@@ -16,7 +16,8 @@ from PIL import Image
 
 from ovalp_flwr.data import domains as dd
 from ovalp_flwr.features.cache import CacheError, cache_path, load_features, load_or_build
-from ovalp_flwr.federation.node import FeatureSource, local_test_split, node_rows, node_test_rows
+from ovalp_flwr.federation.node import (FeatureSource, NodeData, local_test_split, node_rows,
+                                        node_test_rows)
 from ovalp_flwr.config import ConfigError, RunConfig
 from ovalp_flwr.data.registry import load_dataset, missing_data
 from ovalp_flwr.data.noise import NoiseSpec
@@ -277,12 +278,12 @@ def test_test_split_follows_the_clients_domain_and_classes() -> None:
 
 def test_node_test_split_carries_the_clients_concept(tmp_path: Path) -> None:
     cached = _concept_cache(tmp_path)
-    source = FeatureSource("concept:digits", "pixels", str(tmp_path / "cache"), "", False)
-    spec, noise = PartitionSpec("domain", seed=1), NoiseSpec("none", 0.0, 1)
+    data = NodeData(FeatureSource("concept:digits", "pixels", str(tmp_path / "cache"), "", False),
+                    PartitionSpec("domain", seed=1), NoiseSpec("none", 0.0, 1))
     test_rows = {x.tobytes(): i for i, x in enumerate(cached.test.x)}
     for partition_id in range(dd.CONCEPTS):
-        rows = node_rows(source, spec, noise, partition_id, dd.CONCEPTS)
-        x, y = node_test_rows(source, spec, noise, partition_id, dd.CONCEPTS)
+        rows = node_rows(data, partition_id, dd.CONCEPTS)
+        x, y = node_test_rows(data, partition_id, dd.CONCEPTS)
         where = np.array([test_rows[r.tobytes()] for r in x])
         assert set(cached.test.domain[where]) == {partition_id}  # its own concept's rows
         assert np.array_equal(y, cached.test.y[where])  # labelled as its concept labels them
