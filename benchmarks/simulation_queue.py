@@ -20,6 +20,8 @@ PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT))  # run as a script: the project's modules
 sys.path.insert(0, str(PROJECT / "tests"))  # the test's Flower state, as the runtime builds it
 
+from flwr import __version__ as FLWR_VERSION  # noqa: E402
+
 from ovalp_flwr.core.durable import replace_durably  # noqa: E402
 from ovalp_flwr.federation.simulation_queue import undelivered  # noqa: E402
 from test_simulation_queue import push, simulation_state  # noqa: E402
@@ -45,15 +47,15 @@ def main() -> None:
         for ours in (False, True):
             seconds, handed = one_pass(num_nodes, ours)
             rows.append({"nodes": num_nodes, "messages": num_nodes // 10,
-                         "loop": "simulation_queue (one scan)" if ours else "Flower 1.41 (per node)",
+                         "loop": "simulation_queue (one scan)" if ours else f"Flower {FLWR_VERSION} (per node)",
                          "seconds": round(seconds, 4), "handed_out": handed})
             print(json.dumps(rows[-1]), flush=True)
     OUT.mkdir(exist_ok=True)
     command = "flock /tmp/ovalp-bench.lock .venv/bin/python benchmarks/simulation_queue.py"
     replace_durably(OUT / "simulation_queue.json",
-                    json.dumps({"command": command, "runs": rows}, indent=1).encode())
+                    json.dumps({"command": command, "flwr": FLWR_VERSION, "runs": rows}, indent=1).encode())
     lines = ["# One pass of the simulation's message loop (a 10% round waiting)", "",
-             f"Command: `{command}`", "", "| nodes | messages | loop | seconds per pass |",
+             f"Command: `{command}` (flwr {FLWR_VERSION})", "", "| nodes | messages | loop | seconds per pass |",
              "|---|---|---|---|"]
     lines += [f"| {r['nodes']:,} | {r['messages']:,} | {r['loop']} | {r['seconds']} |" for r in rows]
     replace_durably(OUT / "simulation_queue.md", ("\n".join(lines) + "\n").encode())

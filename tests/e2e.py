@@ -120,7 +120,8 @@ class SecureDeployment:
         console.also_search(self.flwr_home / "deploy" / "superlink.log")
         code, final_line = deploy.run_app(self.deployment, deploy.PROJECT,
                                           ["--run-config", run_config], console)
-        return launch.report_result(code, final_line, console)
+        status = launch.failure_status(final_line, console, self.flwr_home, deploy.CONNECTION)
+        return launch.report_result(code, final_line, console, status)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,9 @@ import pytest
 from ovalp_flwr.ops import launch
 from ovalp_flwr.ops.console import MARK, LogFollower, RunConsole
 from ovalp_flwr.data.registry import missing_data
-from ovalp_flwr.ops.preflight import PreflightError, check_run
+from ovalp_flwr.config import RunConfig
+from ovalp_flwr.federation.local_grid import app_config
+from ovalp_flwr.ops.preflight import PreflightError, check_clients, check_run
 from ovalp_flwr.experiments.report import main as report_main
 from ovalp_flwr.federation.results import read_summary, write_run
 from ovalp_flwr.federation.single_run import PLOT_FILE, iid_twin, summary_lines
@@ -124,6 +126,67 @@ def test_a_failed_run_shows_the_last_lines_of_its_log(tmp_path):
     shown = out.getvalue().splitlines()
     assert shown[0] == f"last lines of the log ({tmp_path / 'run.log'}):"
     assert shown[-1] == "  └──> Aggregated MetricRecord: {'train-loss': 0.1}"
+
+
+REFUSED_RUN = [
+    "Successfully started run 2448564\n",
+    f"\x1b[92mINFO \x1b[0m:      {MARK}round 0/2  start    accuracy 0.9278\n",
+    f"\x1b[91mERROR \x1b[0m:     {MARK}round 1: trimmed-mean with robust-fraction=0.01 cuts "
+    "int(0.01 x 20) = 0 of the 20 clients at each end\n",
+    "\x1b[91mERROR \x1b[0m:     Simulation raised an exception\n",
+    "Traceback (most recent call last):\n",
+    "server_app.RunRefused: round 1: trimmed-mean with robust-fraction=0.01 cuts ...\n",
+]
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_refused_run_ends_with_its_own_line_and_exit_2(tmp_path, capsys, verbose):
+    """The ServerApp's refusal is the last line, once (not the log's tail, not Flower's report of
+    the exception that ended the run), and the launcher exits 2."""
+    console = RunConsole(tmp_path / "run.log", verbose=verbose)
+    for line in REFUSED_RUN:
+        console.feed(line)
+    assert (console.run_id, console.refusal) == (2448564, REFUSED_RUN[2].split(MARK)[1].strip())
+    assert launch.report_result(0, None, console) == 2
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[-1] == f"error: {console.refusal}"
+    if not verbose:
+        assert shown == ["round 0/2  start    accuracy 0.9278", shown[-1]]
+
+
+def test_a_run_that_failed_without_a_reason_ends_with_flowers_record_of_it(tmp_path, capsys):
+    console = RunConsole(tmp_path / "run.log")
+    for line in [REFUSED_RUN[0], *FLOWER_CHATTER]:
+        console.feed(line)
+    status = "finished:failed: Simulation failed with exception: boom"
+    assert launch.report_result(0, None, console, status) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"error: the run failed (Flower: {status}); full log: {tmp_path / 'run.log'}")
+
+
+def test_the_launcher_refuses_a_robust_rule_a_rounds_clients_cannot_hold(capsys, cache_dir):
+    """Known from the launcher's own number of SuperNodes and fraction-train, before Flower: the
+    trimmed mean that trims nothing, Multi-Krum with n <= 2f + 2; as a sweep refuses them."""
+    cases = {("10", "robust-aggregation='trimmed-mean' robust-fraction=0.01 fraction-train=0.1"):
+             "trimmed-mean with robust-fraction=0.01 cuts int(0.01 x 1) = 0 of the 1 clients",
+             ("100", "robust-aggregation='trimmed-mean' robust-fraction=0.01 fraction-train=0.1"):
+             "cuts int(0.01 x 10) = 0 of the 10 clients at each end, the plain mean; use "
+             "robust-fraction >= 0.1 or more clients a round (100 SuperNodes x "
+             "fraction-train=0.1: 10 clients a round)",
+             ("4", "robust-aggregation='multi-krum' robust-fraction=0.3"):
+             "f = 2 hostile of the 4 clients, and Krum needs n > 2f + 2 = 6",
+             ("2000", f"encoder='pixels' feature-cache-dir='{cache_dir}'"):
+             "num-supernodes=2000 is not allowed; the training split has only 1437 samples"}
+    for (nodes, run_config), says in cases.items():
+        code = launch.main(["--num-supernodes", nodes, "--flwr-home", "/nonexistent/flwr-home",
+                            "--", "--run-config", run_config])
+        err = capsys.readouterr().err.splitlines()
+        assert code == 2 and len(err) == 1 and says in err[0], (run_config, err)
+    held = RunConfig.from_mapping({**app_config(), "robust-aggregation": "trimmed-mean",
+                                   "robust-fraction": 0.1, "fraction-train": 0.1})
+    check_clients(held, 100, train_rows=1437)  # 10 a round: one cut at each end
+    with pytest.raises(PreflightError, match="0 of the 9 clients"):
+        check_clients(held, 90)
 
 
 def test_verbose_shows_everything(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ovalp_flwr.ops import certs, deploy
+from ovalp_flwr.ops import certs, deploy, launch
 from ovalp_flwr.federation.checkpoint import FILE as CHECKPOINT, read_checkpoint
 from ovalp_flwr.ops.processes import descendants
 from ovalp_flwr.federation.local_grid import run_local
@@ -164,6 +164,29 @@ def test_flora_fine_tunes_an_encoder_on_real_supernodes(secure_deployment, capfd
     assert [r["clients_trained"] for r in rounds] == [1, 1, 1]
     assert all(not r["clients_failed"] and not r["clients_rejected"] for r in rounds)
     assert rounds[1]["bytes_sent_per_client"] > rounds[0]["bytes_sent_per_client"]
+    assert secure_deployment.left_behind() == set(), "the run left processes behind"
+
+
+@pytest.mark.xdist_group("deployment")
+@pytest.mark.e2e(seconds=45)
+def test_a_round_refused_on_real_supernodes_is_the_last_line_and_fails_the_run(
+        secure_deployment, capfd):
+    """Deployed, the ServerApp is a process of its own: its refusal during the rounds (Multi-Krum
+    with f = 1 of 2 clients) is still the last line shown, the exit is 2, and the SuperLink
+    records the run failed with that line."""
+    results = secure_deployment.root / "results"
+    code = secure_deployment.run(
+        f"encoder='pixels' partition='iid' num-server-rounds=2 robust-aggregation='multi-krum' "
+        f"robust-fraction=0.3 run-name='refused' results-dir='{results}' "
+        f"feature-cache-dir='{secure_deployment.root / 'server-cache'}'")
+    lines = capfd.readouterr().out.splitlines()
+    said = ("round 1: multi-krum with robust-fraction=0.3 assumes f = 1 hostile of the 2 "
+            "clients, and Krum needs n > 2f + 2 = 4; use a smaller robust-fraction or more "
+            "clients a round")
+    assert code == 2 and lines[-1] == f"error: {said}", lines[-5:]
+    runs = json.loads(launch.flwr_cli(secure_deployment.flwr_home, "ls", deploy.CONNECTION,
+                                      "--format", "json"))
+    assert [r["status"] for r in runs["runs"] if said in r["status-details"]] == ["finished:failed"]
     assert secure_deployment.left_behind() == set(), "the run left processes behind"
 
 

@@ -153,14 +153,36 @@ def test_flwr_run_trains_flora_on_ray_as_the_in_process_runner_does(ray_federati
 @pytest.mark.xdist_group("ray")
 @pytest.mark.e2e(seconds=15)
 def test_flwr_run_with_a_bad_config_fails_with_one_line(ray_federation, capfd):
-    """A config the ServerApp refuses (`simulate_on` skips the launcher's own check): one line,
-    no traceback, and the run's processes gone."""
+    """A config the ServerApp refuses (`simulate_on` skips the launcher's own check): its one
+    line last, exit 2, no traceback, and the run's processes gone."""
     code = launch.simulate_on(launch.PROJECT, 2, ["--run-config", "head='mlp'"],
                               ray_federation.flwr_home, num_gpus=0.0)
     output = capfd.readouterr().out
-    assert code != 0
-    assert "run config: head='mlp' is not allowed; choose one of: ova, softmax" in output
+    assert code == 2
+    assert output.splitlines()[-1] == ("error: run config: head='mlp' is not allowed; choose "
+                                       "one of: ova, softmax")
     assert "Traceback" not in output
+    assert ray_federation.left_behind() == set()
+
+
+@pytest.mark.xdist_group("ray")
+@pytest.mark.e2e(seconds=40)
+def test_a_round_the_federation_cannot_defend_ends_the_run_with_its_line(ray_federation, capfd):
+    """An error raised during the rounds (the trimmed mean of 2 clients trims none): its line is
+    the last one shown, exit 2, and Flower records the run failed with it, not completed."""
+    flwr_home = ray_federation.flwr_home
+    code = launch.simulate_on(launch.PROJECT, 2, ["--run-config",
+                              "robust-aggregation='trimmed-mean' robust-fraction=0.1 "
+                              "num-server-rounds=2"], flwr_home, num_gpus=0.0)
+    lines = capfd.readouterr().out.splitlines()
+    said = ("round 1: trimmed-mean with robust-fraction=0.1 cuts int(0.1 x 2) = 0 of the 2 "
+            "clients at each end, the plain mean; use robust-fraction >= 0.5 or more clients a "
+            "round")
+    assert code == 2 and lines[-1] == f"error: {said}"
+    assert [line for line in lines if line.startswith("error: ")] == [lines[-1]]
+    runs = json.loads(launch.flwr_cli(flwr_home, "ls", launch.CONNECTION, "--format", "json"))
+    failed = [run for run in runs["runs"] if said in run["status-details"]]
+    assert [run["status"] for run in failed] == ["finished:failed"]
     assert ray_federation.left_behind() == set()
 
 

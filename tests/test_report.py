@@ -422,7 +422,7 @@ def test_report_of_real_local_runs(tmp_path):
         "num-server-rounds = 4",
         f"num-server-rounds = 3\nfeature-cache-dir = \"{tmp_path / 'cache'}\"")
     preset = write_preset(tmp_path, text, "tiny-real")
-    assert sweep(preset, preset.runs(), tmp_path / "results", "local") == []
+    assert sweep(preset, preset.runs(), tmp_path / "results", "local") == {}
     out = report(tmp_path, preset)
     rows = rows_of(out / "runs.csv")
     assert sorted(rows) == ["a-iid-seed0", "a-shard-1-seed0", "b-iid-seed0", "b-shard-1-seed0"]
@@ -463,7 +463,7 @@ ova-lp = {{ head = "ova" }}
 @pytest.mark.slow
 def test_report_of_personalized_runs_has_the_table_and_its_plots(tmp_path):
     preset = write_preset(tmp_path, PERSONALIZATION.format(cache=tmp_path / "cache"), "tiny-pft")
-    assert sweep(preset, preset.runs(), tmp_path / "results", "local") == []
+    assert sweep(preset, preset.runs(), tmp_path / "results", "local") == {}
     out = report(tmp_path, preset)
     text = (out / "report.md").read_text()
     assert "## Personalization" in text and "## Plots" in text

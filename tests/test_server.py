@@ -13,6 +13,7 @@ from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 import client_app
 import server_app
 from ovalp_flwr.federation import protocol as p
+from ovalp_flwr.federation.errors import RunRefused
 from ovalp_flwr.features.cache import cache_path, load_or_build
 from ovalp_flwr.config import RECIPE, ConfigError
 from ovalp_flwr.ops.console import MARK
@@ -130,13 +131,16 @@ def test_the_server_waits_for_nodes_to_settle_but_not_on_the_in_process_grid(cac
 
 
 def test_server_app_stops_on_bad_config_with_one_line(caplog):
+    """The line said to the user (marked for the launcher's console), and an exception that
+    makes Flower end the run failed with the same line, not a SystemExit it records completed."""
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                       run_config={**app_config(), "head": "mlp"})
-    with pytest.raises(SystemExit) as exit_info:
+    said = "run config: head='mlp' is not allowed; choose one of: ova, softmax"
+    with pytest.raises(RunRefused) as refused:
         server_app.main(None, context)
-    assert exit_info.value.code == 2
+    assert str(refused.value) == said and not isinstance(refused.value, SystemExit)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert errors == ["run config: head='mlp' is not allowed; choose one of: ova, softmax"]
+    assert errors == [MARK + said]
 
 
 def test_more_clients_than_samples_stops_before_any_client_is_asked(cache_dir, tmp_path):
@@ -154,7 +158,7 @@ def test_server_app_reports_a_corrupted_cache_in_one_line(cache_dir, tmp_path, c
     train_file.write_bytes(bytes(blob))
     config = {**app_config(), "encoder": "pixels", "feature-cache-dir": str(broken)}
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=config)
-    with pytest.raises(SystemExit):
+    with pytest.raises(RunRefused):
         server_app.main(InProcessGrid(client_app.app, 4, config), context)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "sha256" in errors[0] and str(broken) in errors[0]

@@ -84,15 +84,21 @@ def test_a_pass_over_10000_nodes_scans_messages_not_nodes():
     assert time.perf_counter() - started < 2.0  # Flower's pass scans 10,000 x 1,000
 
 
-def test_install_swaps_the_loop_only_where_the_runtime_runs_and_only_a_tested_flower():
-    loop = lambda *args: None  # noqa: E731
+def test_install_swaps_the_loop_only_where_the_runtime_runs_and_only_the_loop_it_mirrors():
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    loop = lambda *args: None  # noqa: E731 - a Flower whose loop reads otherwise
     runtime = types.SimpleNamespace(add_messages_to_queue=loop)
     assert install({}) is False  # no simulation runtime in this process: nothing to do
-    assert install({VCE_API: runtime}, version=lambda: "1.99.0") is False
+    assert install({VCE_API: runtime}) is False
     assert runtime.add_messages_to_queue is loop
-    assert install({VCE_API: runtime}, version=lambda: "1.41.0") is True
+    # the installed Flower's own loop is the one mirrored (a Flower that changes it fails here:
+    # check `undelivered` against its new source, then record the new fingerprints)
+    runtime = types.SimpleNamespace(add_messages_to_queue=vce_api.add_messages_to_queue)
+    assert simulation_queue.mirrored(vce_api) == simulation_queue.MIRRORED
+    assert install({VCE_API: runtime}) is True
     assert runtime.add_messages_to_queue is simulation_queue.add_messages_to_queue
-    assert install({VCE_API: runtime}, version=lambda: "1.99.0") is True  # already swapped
+    assert install({VCE_API: runtime}) is True  # already swapped
 
 
 def test_the_pause_is_short_after_a_quick_scan_and_bounded_by_flowers():

@@ -129,10 +129,10 @@ def test_run_config_arg_quotes_strings_only():
 def test_sweep_runs_what_is_missing_and_resumes(tmp_path, capsys):
     preset = load_preset(write(tmp_path, TINY))
     specs = select(preset.runs(), ["seed=0"])
-    assert sweep(preset, specs[:1], tmp_path / "results", "local") == []
+    assert sweep(preset, specs[:1], tmp_path / "results", "local") == {}
     assert is_done(preset, specs[0], tmp_path / "results")
     assert not is_done(preset, specs[1], tmp_path / "results")
-    assert sweep(preset, specs, tmp_path / "results", "local") == []
+    assert sweep(preset, specs, tmp_path / "results", "local") == {}
     out = capsys.readouterr().out
     assert "4 runs, 1 already done, 3 to run" in out
     assert all(is_done(preset, s, tmp_path / "results") for s in specs)
@@ -156,7 +156,7 @@ def test_a_run_another_sweep_finished_meanwhile_is_skipped(tmp_path, capsys, mon
         return run_one(preset, spec, results_root, runner)
 
     monkeypatch.setattr(sweep_module, "run_one", and_another_sweep)
-    assert sweep(preset, [first, second], tmp_path / "results", "local") == []
+    assert sweep(preset, [first, second], tmp_path / "results", "local") == {}
     assert ran == [first.name]
     assert f"{second.name}: done meanwhile, skipped" in capsys.readouterr().out
 
@@ -170,6 +170,33 @@ def test_cli_lists_runs_and_reports_a_bad_preset_in_one_line(tmp_path, capsys):
         "todo  lp-softmax-iid-seed1", "todo  lp-softmax-shard-1-seed1"]
     assert main([str(tmp_path / "nope.toml")]) == 2
     assert capsys.readouterr().err.startswith("error: preset ")
+
+
+def test_a_sweep_refuses_a_robust_rule_its_clients_cannot_hold_before_any_run(tmp_path, capsys):
+    path = write(tmp_path, TINY.replace('num-server-rounds = 2', 'num-server-rounds = 2\n'
+                                        'robust-aggregation = "multi-krum"\n'
+                                        'robust-fraction = 0.4'))
+    assert main([str(path), "--runner", "local", "--results-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "run ova-lp-iid-seed0: multi-krum with robust-fraction=0.4" in err[0]
+    assert "(10 SuperNodes x fraction-train=1.0: 10 clients a round)" in err[0]
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_failed_run_of_a_sweep_is_its_last_line_and_a_non_zero_exit(tmp_path, capsys,
+                                                                     monkeypatch):
+    import ovalp_flwr.experiments.sweep as sweep_module
+
+    def refused(preset, spec, results_root, runner):
+        raise RuntimeError("round 1: trimmed-mean with robust-fraction=0.1 cuts none")
+
+    monkeypatch.setattr(sweep_module, "run_one", refused)
+    path = write(tmp_path, TINY)
+    assert main([str(path), "--only", "seed=0", "--only", "method=ova-lp", "--only",
+                 "partition=iid", "--results-dir", str(tmp_path / "r")]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: run ova-lp-iid-seed0 failed: round 1: trimmed-mean with robust-fraction=0.1 "
+        "cuts none")
 
 
 def test_a_run_made_under_another_default_is_not_reused():

@@ -17,7 +17,7 @@ from flwr.supercore import log
 
 from ovalp_flwr.core.durable import replace_durably
 from ovalp_flwr.federation.exchange import exchange, wait_for_nodes
-from ovalp_flwr.federation.polling import fast_replies
+from ovalp_flwr.federation.polling import prompt_replies
 from ovalp_flwr.federation.protocol import to_record
 
 app = ServerApp()
@@ -39,7 +39,7 @@ def heads(config: dict, server_round: int, node: int, copies: int) -> ArrayRecor
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = dict(context.run_config)
-    grid = fast_replies(grid)
+    grid = prompt_replies(grid)
     started = time.time()
     nodes = wait_for_nodes(grid)
     for _ in range(int(config["setup-exchanges"])):

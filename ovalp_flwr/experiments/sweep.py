@@ -191,6 +191,19 @@ def _check(preset: Preset, spec: RunSpec) -> None:
         raise PresetError(f"preset {preset.path}, run {spec.name}: {err}") from None
 
 
+def check_clients(preset: Preset, specs: Sequence[RunSpec]) -> None:
+    """Each run's rules that depend on the number of clients, against the preset's SuperNodes,
+    before the first run starts (`preflight.check_clients`): a sweep stops at once, not each
+    run at its first round."""
+    from ovalp_flwr.ops.preflight import PreflightError, check_clients as check  # late: Flower
+
+    for spec in specs:
+        try:
+            check(spec.config, preset.num_supernodes)
+        except PreflightError as err:
+            raise PresetError(f"preset {preset.path}, run {spec.name}: {err}") from None
+
+
 def select(specs: list[RunSpec], only: Sequence[str]) -> list[RunSpec]:
     """Keep runs matching every `axis=choice[,choice]` (or `seed=0,42`) filter."""
     kept = specs
@@ -235,9 +248,9 @@ def run_one(preset: Preset, spec: RunSpec, results_root: Path, runner: str) -> P
         code = launch.simulate(launch.PROJECT, preset.num_supernodes,
                                ["--run-config", run_config_arg(run_config)],
                                launch.PROJECT / ".flwr")
-    if code != 0:
-        said = " / ".join(shown.getvalue().strip().splitlines()[-3:])
-        raise RuntimeError(f"run {spec.name}: flwr run exited {code}: {said}")
+    if code != 0:  # the launcher's last line says why (the run's own line, or Flower's record)
+        said = (shown.getvalue().strip().splitlines() or [f"exit {code}"])[-1]
+        raise RuntimeError(said.removeprefix("error: "))
     return out_dir / spec.name
 
 
@@ -286,11 +299,13 @@ def is_done(preset: Preset, spec: RunSpec, results_root: Path) -> bool:
     return config_mismatch(spec, summary["config"]) is None
 
 
-def sweep(preset: Preset, specs: list[RunSpec], results_root: Path, runner: str) -> list[str]:
-    """Run what is missing, in order; returns the names of runs that failed (others go on)."""
+def sweep(preset: Preset, specs: list[RunSpec], results_root: Path, runner: str
+          ) -> dict[str, str]:
+    """Run what is missing, in order; returns the runs that failed (others go on), each with
+    its one line on why."""
     from tqdm.auto import tqdm  # late: ~40 ms (asyncio); the report imports this module too
 
-    failed = []
+    failed: dict[str, str] = {}
     todo = [s for s in specs if not is_done(preset, s, results_root)]
     print(f"{preset.name}: {len(specs)} runs, {len(specs) - len(todo)} already done, "
           f"{len(todo)} to run ({runner})", flush=True)
@@ -304,8 +319,9 @@ def sweep(preset: Preset, specs: list[RunSpec], results_root: Path, runner: str)
             final = read_summary(path)["final_accuracy"]
             tqdm.write(f"{spec.name}: final accuracy {final:.4f} ({time.time() - started:.0f} s)")
         except Exception as err:  # noqa: BLE001 - one failed run must not stop a long sweep
-            failed.append(spec.name)
-            tqdm.write(f"{spec.name}: FAILED ({err})")
+            failed[spec.name] = str(err).strip().splitlines()[0] if str(err).strip() else \
+                type(err).__name__
+            tqdm.write(f"{spec.name}: FAILED ({failed[spec.name]})")
     return failed
 
 
@@ -350,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         preset = load_preset(args.preset)
         specs = select(preset.runs(args.seeds), args.only)
+        check_clients(preset, specs)
     except PresetError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -364,8 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         or local_store(root))
     with sigterm_unwinds():  # the running simulation's processes are stopped too
         failed = sweep(preset, specs, root, args.runner)
-    if failed:
-        print(f"{len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+    for name, why in failed.items():  # the last lines: each failed run's own reason
+        print(f"error: run {name} failed: {why}", file=sys.stderr)
     return 1 if failed else 0
 
 

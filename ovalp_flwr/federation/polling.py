@@ -1,49 +1,88 @@
 """The ServerApp's wait for replies, polled at the pace of a round instead of Flower's.
 
-Flower 1.41's deployment grid (`flwr/superlink/grid/http_grid.py`, `HttpGrid.send_and_receive`,
-line 412) sleeps 3 s between two pulls of replies: every exchange with the nodes (set-up
-messages and each round) waited up to 3 s after its last reply had arrived. `fast_replies`
-gives a grid the same `send_and_receive` (push, then pull until every reply is in or the
-timeout passes; the replies in the order they came) with `PULL_INTERVAL` between pulls. The
-simulation's grid (`InMemoryGrid`, 0.1 s) pulls from memory: it gets `MEMORY_PULL_INTERVAL`.
-Any other grid (the in-process one) is left as it is.
+Flower's deployment grid (`flwr/superlink/grid/http_grid.py`, `HttpGrid.send_and_receive`;
+the same in 1.41 and 1.42) sleeps 3 s between two pulls of replies: every exchange with the
+nodes (set-up messages and each round) waited up to 3 s after its last reply had arrived; the
+simulation's (`InMemoryGrid`) sleeps 0.1 s. `PromptGrid` is a `Grid` (Flower's public interface)
+around the run's grid: the same `send_and_receive` (push, then pull until every reply is in or
+the timeout passes; the replies in the order they came) through the grid's own public
+`push_messages` and `pull_messages`, pulling 10 ms after the push and backing off to one pull
+every 0.1 s. Everything else is the wrapped grid's. Nothing of Flower is patched.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from functools import partial
+from typing import Any
 
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
-from flwr.superlink.grid.http_grid import HttpGrid
-from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-PULL_INTERVAL = 0.1  # s: one PullMessages call to the SuperLink per interval while waiting
-MEMORY_PULL_INTERVAL = 0.01  # s: the simulation's in-memory state, no network
+FIRST_PULL = 0.01  # s after the push: a round of in-memory replies is often in by then
+PULL_INTERVAL = 0.1  # s: the most between two pulls (one PullMessages call to the SuperLink)
 
 
 def send_and_receive(grid: Grid, messages: Iterable[Message], *, timeout: float | None = None,
-                     interval: float = PULL_INTERVAL) -> list[Message]:
-    """Flower's `send_and_receive` (same semantics, `timeout` None: wait for ever) with
-    `interval` seconds between pulls; no pull at all when there is nothing to send."""
+                     first: float = FIRST_PULL, interval: float = PULL_INTERVAL
+                     ) -> list[Message]:
+    """Flower's `send_and_receive` (same semantics, `timeout` None: wait for ever), pulling
+    `first` seconds after the push, the pause doubling up to `interval`; no pull at all when
+    there is nothing to send."""
     pending = set(grid.push_messages(messages))
     replies: list[Message] = []
     deadline = None if timeout is None else time.monotonic() + timeout
+    pause = first
     while pending and (deadline is None or time.monotonic() < deadline):
         pulled = list(grid.pull_messages(pending))
         replies.extend(pulled)
         pending.difference_update(m.metadata.reply_to_message_id for m in pulled)
         if pending:
-            time.sleep(interval)
+            time.sleep(pause)
+            pause = min(2 * pause, interval)
     return replies
 
 
-def fast_replies(grid: Grid, interval: float = PULL_INTERVAL) -> Grid:
-    """`grid`, waiting for replies `interval` apart (see the module); the same object."""
-    if isinstance(grid, InMemoryGrid):
-        grid.pull_interval = min(grid.pull_interval, MEMORY_PULL_INTERVAL)
-    elif isinstance(grid, HttpGrid):
-        grid.send_and_receive = partial(send_and_receive, grid, interval=interval)  # type: ignore[method-assign]
-    return grid
+class PromptGrid(Grid):
+    """`grid` with replies pulled promptly (`send_and_receive`); its other methods and
+    attributes are the wrapped grid's."""
+
+    def __init__(self, grid: Grid, first: float = FIRST_PULL,
+                 interval: float = PULL_INTERVAL) -> None:
+        self.grid, self.first, self.interval = grid, first, interval
+
+    def __getattr__(self, name: str) -> Any:  # what the wrapped grid has beyond Grid's API
+        return getattr(self.grid, name)
+
+    def set_run(self, run) -> None:
+        self.grid.set_run(run)
+
+    @property
+    def run(self):
+        return self.grid.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:
+        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> list[Message]:
+        return send_and_receive(self.grid, messages, timeout=timeout, first=self.first,
+                                interval=self.interval)
+
+
+def prompt_replies(grid: Grid) -> Grid:
+    """The run's grid, pulling replies promptly; a grid whose replies are in when the push
+    returns (the in-process one, `static_nodes`) is left as it is."""
+    if getattr(grid, "static_nodes", False) or isinstance(grid, PromptGrid):
+        return grid
+    return PromptGrid(grid)

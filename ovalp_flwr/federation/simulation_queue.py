@@ -1,6 +1,6 @@
 """Flower's simulation runtime hands messages to virtual SuperNodes in one scan per pass.
 
-Flower's simulation runtime (flwr 1.41, `vce_api.add_messages_to_queue`) polls its in-memory
+Flower's simulation runtime (flwr 1.41 and 1.42, `vce_api.add_messages_to_queue`) polls its in-memory
 state every 0.1 s with `get_message_ins(node_id, limit=1)` for every virtual node, and each
 call scans every message the state holds: a pass costs nodes x messages (10,000 nodes and a
 10% round: 10^7 message checks every 0.1 s; `benchmarks/simulation_queue.py` times it), under
@@ -11,12 +11,16 @@ from one scan of the state per pass: messages, not nodes x messages.
 
 Installed when the ClientApp is loaded (`client_app.py`): the simulation runtime loads it, and
 starts the loop after that. Elsewhere (a Ray worker, a SuperNode's ClientApp process, a test)
-the runtime's module is not loaded and nothing changes. A Flower whose state or loop is not the
-one this was written against keeps its own loop (`compatible`).
+the runtime's module is not loaded and nothing changes. A Flower whose loop or state is not the
+one this was written against keeps its own loop (`compatible`): the source of the three
+functions this mirrors is compared with theirs in the releases it was checked on, so a later
+Flower that leaves them as they are gets the swap, and one that changes them does not.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import sys
 import threading
 import time
@@ -25,7 +29,13 @@ from queue import Queue
 from typing import Any
 
 VCE_API = "flwr.server.superlink.fleet.vce.vce_api"
-TESTED = ("1.41.",)  # flwr versions whose vce loop and in-memory state this replaces
+# sha256 of the source of what `undelivered` mirrors, as in the Flower releases it was checked
+# against (1.41.0 and 1.42.0: the same): the runtime's loop, the state's per-node read and its check
+MIRRORED = {
+    "add_messages_to_queue": "953f4bd41a931a77",
+    "InMemoryLinkState.get_message_ins": "6547c8dcbc62e12f",
+    "InMemoryLinkState._check_stored_messages": "2be47567d2478a58",
+}
 FLOWER_PAUSE = 0.1  # s between Flower's passes (vce_api.py:180)
 MIN_PAUSE = 0.01  # s between ours, when a scan is quick
 
@@ -75,17 +85,31 @@ def pause(scan_seconds: float) -> float:
     return min(FLOWER_PAUSE, max(MIN_PAUSE, 9 * scan_seconds))
 
 
-def compatible(vce_api: Any, version: str) -> bool:
-    """The runtime's loop, state and version are the ones `undelivered` mirrors."""
+def fingerprint(function: Callable) -> str:
+    """The first 16 hex digits of the sha256 of `function`'s source ("" without one)."""
+    try:
+        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return ""
+
+
+def mirrored(vce_api: Any) -> dict[str, str]:
+    """The fingerprints of what `undelivered` mirrors in this runtime and its state."""
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState  # late: as above
 
-    return (version.startswith(TESTED)
-            and callable(getattr(vce_api, "add_messages_to_queue", None))
-            and callable(getattr(InMemoryLinkState, "_check_stored_messages", None)))
+    return {name: fingerprint(getattr(InMemoryLinkState, name.split(".")[1], None)
+                              if name.startswith("InMemoryLinkState.")
+                              else getattr(vce_api, name, None))
+            for name in MIRRORED}
 
 
-def install(modules: dict[str, Any] | None = None,
-            version: Callable[[], str] | None = None) -> bool:
+def compatible(vce_api: Any) -> bool:
+    """The runtime's loop and its state's reads are the ones `undelivered` mirrors, line for
+    line (`MIRRORED`), whatever Flower's version number says."""
+    return mirrored(vce_api) == MIRRORED
+
+
+def install(modules: dict[str, Any] | None = None) -> bool:
     """Swap the simulation runtime's loop for `add_messages_to_queue`, if that runtime is
     loaded in this process and compatible; True if it was swapped (or already was)."""
     vce_api = (sys.modules if modules is None else modules).get(VCE_API)
@@ -93,9 +117,7 @@ def install(modules: dict[str, Any] | None = None,
         return False
     if vce_api.add_messages_to_queue is add_messages_to_queue:
         return True
-    import flwr  # late: as above
-
-    if not compatible(vce_api, (version or (lambda: flwr.__version__))()):
+    if not compatible(vce_api):
         return False
     vce_api.add_messages_to_queue = add_messages_to_queue
     return True

@@ -30,6 +30,8 @@ from ovalp_flwr.ops.launch import (
     RESULTS_IN,
     flwr_args_after_dashes,
     flwr_cli,
+    failure_status,
+    preflight,
     report_result,
     stream_flwr_run,
     write_connection,
@@ -175,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "container (default: %(default)s)")
     parser.set_defaults(num_supernodes=NUM_SUPERNODES)  # compose.yml's; checked by the parser
     args, flwr_args = flwr_args_after_dashes(parser, list(argv) if argv is not None else None)
+    if not preflight(PROJECT, flwr_args, NUM_SUPERNODES):
+        return 2
     if (why := docker_available()) is not None:
         print(f"cannot run the compose demo: {why}", file=sys.stderr)
         return 2
@@ -188,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         demo.up(flwr_home)
         code, final_line = run(flwr_home, flwr_args, console)
+        status = failure_status(final_line, console, flwr_home, CONNECTION)
         if final_line is not None and RESULTS_IN in final_line:
             head, run_dir = final_line.rsplit(RESULTS_IN, 1)
             final_line = f"{head}{RESULTS_IN}{demo.copy_results(run_dir, args.results)}"
@@ -195,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.keep:
             demo.down()
     print(f"compose demo: {time.monotonic() - started:.0f} s")
-    return report_result(code, final_line, console)
+    return report_result(code, final_line, console, status)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ A simulated run prints ~270 lines of Flower and Ray chatter; its user needs a do
 ServerApp marks the lines meant for its user (`say`: set-up facts, one line per round, the
 closing line); a launcher streams `flwr run`'s output through `RunConsole`, which shows the
 marked lines, errors and progress bars, writes every line to the run's log file, and on a
-failure shows the log's last lines. `--verbose` shows everything as it comes.
+failure shows the log's last lines. A marked ERROR is the run's refusal (`federation.errors.
+refuse`): it is kept for the end, where the launcher shows it as the last line instead of the
+log's tail, and Flower's report of the exception that ended the run after it stays in the log.
+`--verbose` shows everything as it comes.
 
 Only the log keeps Flower's warnings that are wrong for this app (that the default number of
 simulated SuperNodes changed to 2: the launchers always set it; that federated evaluation is
@@ -28,6 +31,7 @@ MARK = "» "  # precedes the ServerApp's lines for its user
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _FLOWER_LEVEL = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s*")
 _PROGRESS = re.compile(r"(\d{1,3})%\|")  # a tqdm bar
+_STARTED = re.compile(r"Successfully started run (\d+)")  # `flwr run`'s line naming its run
 TAIL_LINES = 12  # what a failed run shows of its log
 
 
@@ -80,6 +84,8 @@ class RunConsole:
         self.bar_quarter: dict[str, int] = {}  # per bar: the last quarter printed (no tty)
         self.lock = threading.Lock()  # `LogFollower` feeds from its own thread
         self.cause_logs: dict[Path, int] = {}  # other logs a failure's cause may be in
+        self.refusal: str | None = None  # the run's own one line on why it stopped
+        self.run_id: int | None = None  # the Flower run this console follows
 
     def also_search(self, path: Path) -> None:
         """On a failure, look for its cause in what `path` logs from now on (the SuperLink
@@ -89,21 +95,33 @@ class RunConsole:
     def feed(self, line: str) -> None:
         with self.lock:
             self.log.write(line if line.endswith("\n") else line + "\n")
+            parts = [_ANSI.sub("", part).rstrip() for part in line.rstrip("\n").split("\r")]
+            for part in parts:  # tqdm redraws with carriage returns
+                self._note(part)
             if self.verbose:
                 self._print(line.rstrip("\n"))
                 return
-            for part in line.rstrip("\n").split("\r"):  # tqdm redraws with carriage returns
-                self._show(_ANSI.sub("", part).rstrip())
+            for part in parts:
+                self._show(part)
+
+    def _note(self, text: str) -> None:
+        """What the launcher needs of a line: the run's id, and the run's refusal."""
+        if (started := _STARTED.search(text)) is not None and self.run_id is None:
+            self.run_id = int(started.group(1))
+        if MARK in text and text.startswith(("ERROR", "CRITICAL")) and self.refusal is None:
+            self.refusal = text.split(MARK, 1)[1]
 
     def _show(self, text: str) -> None:
         if MARK in text:
+            if text.startswith(("ERROR", "CRITICAL")):
+                return  # the run's refusal: shown last (`close`, the launcher)
             warning = "warning: " if text.startswith("WARNING") else ""
             self._print(warning + text.split(MARK, 1)[1])
         elif (bar := _PROGRESS.search(text)) is not None:
             self._progress(_FLOWER_LEVEL.sub("", text).strip(), int(bar.group(1)))
-        elif text.startswith(("ERROR", "CRITICAL")):
+        elif text.startswith(("ERROR", "CRITICAL")) and self.refusal is None:
             self._print(f"error: {_FLOWER_LEVEL.sub('', text)}")
-        elif text.strip():
+        elif text.strip():  # after a refusal: Flower's report of the exception it ended with
             self.tail.append(text)
 
     def _progress(self, text: str, percent: int) -> None:
@@ -130,9 +148,13 @@ class RunConsole:
         print(text, file=self.out, flush=True)
 
     def close(self, failed: bool) -> None:
-        """A failed run shows the last lines it logged besides the ones already shown."""
+        """A failed run shows the last lines it logged besides the ones already shown, unless
+        it said why it stopped (`refusal`: the caller shows that line last)."""
         self._end_bar()
         self.log.close()
+        if self.refusal is not None:
+            self.out.flush()
+            return
         if failed and not self.verbose and self.tail:
             print(f"last lines of the log ({relative(self.log_path)}):", file=self.out)
             for text in self.tail:

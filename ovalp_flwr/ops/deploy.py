@@ -45,6 +45,7 @@ from ovalp_flwr.ops.launch import (
     PROJECT,
     _bin,
     _wait_for_port,
+    failure_status,
     flower_env,
     flwr_args_after_dashes,
     flwr_cli,
@@ -336,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "forked from one that has imported them, ops/clientapp_runtime.py)")
     started = time.monotonic()
     args, flwr_args = flwr_args_after_dashes(parser, list(argv) if argv is not None else None)
-    if not preflight(args.app.resolve(), flwr_args):
+    if not preflight(args.app.resolve(), flwr_args, args.num_supernodes):
         return 2
     flwr_home = args.flwr_home.resolve()
     console = RunConsole(new_log_path(flwr_home, "deploy"), args.verbose)
@@ -352,8 +353,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                              encoder_path=runs_encoder_path(args.app.resolve(),
                                                                             flwr_args)) as deployment:
         code, final_line = run_app(deployment, args.app.resolve(), flwr_args, console)
+        status = failure_status(final_line, console, flwr_home, CONNECTION)
     print(f"deployment of {args.num_supernodes} SuperNodes: {time.monotonic() - started:.0f} s")
-    return report_result(code, final_line, console)
+    return report_result(code, final_line, console, status)
 
 
 if __name__ == "__main__":

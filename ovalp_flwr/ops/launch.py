@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -134,7 +135,8 @@ def simulate(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Pa
         code, final_line = stream_flwr_run(
             app, CONNECTION, flwr_home, _simulation_args(num_supernodes, num_gpus, flwr_args),
             console)
-    return report_result(code, final_line, console)
+        status = failure_status(final_line, console, flwr_home, CONNECTION)
+    return report_result(code, final_line, console, status)
 
 
 def simulate_on(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home: Path,
@@ -144,7 +146,8 @@ def simulate_on(app: Path, num_supernodes: int, flwr_args: list[str], flwr_home:
     console = _simulation_console(flwr_home, num_supernodes, verbose)
     code, final_line = stream_flwr_run(
         app, CONNECTION, flwr_home, _simulation_args(num_supernodes, num_gpus, flwr_args), console)
-    return report_result(code, final_line, console)
+    return report_result(code, final_line, console,
+                         failure_status(final_line, console, flwr_home, CONNECTION))
 
 
 def _simulation_console(flwr_home: Path, num_supernodes: int, verbose: bool) -> RunConsole:
@@ -235,12 +238,19 @@ def _follow(run: subprocess.Popen, console: RunConsole) -> tuple[int, str | None
     return code, final_line
 
 
-def report_result(code: int, final_line: str | None, console: RunConsole) -> int:
+def report_result(code: int, final_line: str | None, console: RunConsole,
+                  status: str | None = None) -> int:
     """The run's summary table and result line, last; a run without one failed (`flwr run
-    --stream` exits 0 even when the ServerApp fails)."""
+    --stream` exits 0 even when the ServerApp fails). A failed run's last line is its own
+    reason where it said one (`console.refusal`, exit 2), else what Flower recorded of it
+    (`status`, from `failure_status`), with the log's path (exit 1)."""
     console.close(failed=final_line is None)
     if final_line is None:
-        print(f"run failed (flwr run exit {code}); full log: {relative(console.log_path)}")
+        if console.refusal is not None:
+            print(f"error: {console.refusal}")
+            return 2
+        said = f"Flower: {status}" if status else f"flwr run exit {code}"
+        print(f"error: the run failed ({said}); full log: {relative(console.log_path)}")
         return code or 1
     run_dir = Path(final_line.rsplit(RESULTS_IN, 1)[1]) if RESULTS_IN in final_line else None
     if run_dir is not None and (run_dir / "summary.json").is_file():
@@ -250,6 +260,30 @@ def report_result(code: int, final_line: str | None, console: RunConsole) -> int
         final_line = f"{final_line.rsplit(RESULTS_IN, 1)[0]}{RESULTS_IN}{relative(run_dir)}"
     print(f"{FINAL_LINE}{final_line}")
     return code
+
+
+def failure_status(final_line: str | None, console: RunConsole, flwr_home: Path,
+                   connection: str) -> str | None:
+    """For a run that failed without saying why: Flower's record of it (`run_status`), asked
+    while its SuperLink still runs; None for any other run."""
+    if final_line is not None or console.refusal is not None:
+        return None
+    return run_status(flwr_home, connection, console.run_id)
+
+
+def run_status(flwr_home: Path, connection: str, run_id: int | None) -> str | None:
+    """Flower's record of a run (`flwr ls --run-id`): its status and, where it has them, the
+    details ("finished:failed: Simulation failed with exception: ..."); None if not known."""
+    if run_id is None:
+        return None
+    try:
+        listed = json.loads(flwr_cli(flwr_home, "ls", connection, "--run-id", str(run_id),
+                                     "--format", "json", timeout=60))
+        run = listed["runs"][0]
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError, IndexError):
+        return None
+    details = str(run.get("status-details", "")).strip()
+    return str(run["status"]) + (f": {details}" if details and details != "N/A" else "")
 
 
 def flwr_args_after_dashes(parser: argparse.ArgumentParser, argv: list[str] | None
@@ -291,21 +325,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.ray_address not in (None, "auto") and not re.fullmatch(r"[^:]+:\d{1,5}", args.ray_address):
         parser.error(f"--ray-address={args.ray_address!r} is not allowed; use the Ray head's "
                      "host:port (its GCS port, e.g. 10.0.0.5:6379) or 'auto'")
-    if not preflight(args.app.resolve(), flwr_args):
+    if not preflight(args.app.resolve(), flwr_args, args.num_supernodes):
         return 2
     with sigterm_unwinds():
         return simulate(args.app.resolve(), args.num_supernodes, flwr_args,
                         args.flwr_home.resolve(), args.num_gpus, args.verbose, args.ray_address)
 
 
-def preflight(app: Path, flwr_args: list[str]) -> bool:
+def preflight(app: Path, flwr_args: list[str], num_supernodes: int | None = None) -> bool:
     """This app's run config and data checked before any Flower process starts (another
-    app's is Flower's to check); False (and one line on stderr) when the run cannot work."""
+    app's is Flower's to check), and with `num_supernodes` what their number decides
+    (`preflight.check_clients`); False (and one line on stderr) when the run cannot work."""
     from ovalp_flwr.ops.preflight import PreflightError, check_run, is_this_app  # late: ~0.4 s
 
     try:
         if is_this_app(app):
-            check_run(app, flwr_args)
+            check_run(app, flwr_args, num_supernodes)
     except PreflightError as err:
         print(f"error: {err}", file=sys.stderr)
         return False

@@ -5,7 +5,10 @@ configuration.` (the cause is in the SuperLink's log), and a bad value or a miss
 only surfaces once the simulation is up (~30 s). Here the run config is assembled exactly as
 Flower will assemble it (the app's `[tool.flwr.app.config]` defaults, then `--run-config`,
 parsed by Flower's own parser), validated as the ServerApp will validate it, and the data it
-needs is looked for: one line naming the cause, in about a second.
+needs is looked for: one line naming the cause, in about a second. Given the number of
+SuperNodes (the simulation's, a sweep's), the rules that depend on how many clients there are
+are checked too (`check_clients`): a robust rule a round's clients cannot hold, more clients than
+training rows; else they would stop the run only once its rounds began.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from click import ClickException
 from flwr.common.config import flatten_dict, get_project_config, parse_config_args
 
-from ovalp_flwr.config import ConfigError, RunConfig
+from ovalp_flwr.config import ConfigError, RunConfig, check_num_clients
 from ovalp_flwr.tracking.tracker import needs_mlflow
 from ovalp_flwr.data.registry import missing_data
 
@@ -87,8 +90,9 @@ def fused_run_config(app: Path, flwr_args: Sequence[str]) -> dict[str, Any]:
     return {**defaults, **overrides}
 
 
-def check_data(config: RunConfig, app: Path) -> None:
+def check_data(config: RunConfig, app: Path) -> int | None:
     """The feature cache must be sound, or else the dataset files it is built from must exist.
+    Returns the cache's number of training rows where it was read (None where it is not built).
 
     Relative paths are the app's (Flower runs the apps in the app's folder).
     """
@@ -99,22 +103,50 @@ def check_data(config: RunConfig, app: Path) -> None:
     cache_dir = cache_dir if cache_dir.is_absolute() else app / cache_dir
     if cache_path(cache_dir, config.dataset, config.encoder, **config.cache_options()).exists():
         try:  # the ServerApp's own check (manifest, sizes, hashes): under a second
-            load_features(config.dataset, config.encoder, cache_dir, **config.cache_options())
+            cache = load_features(config.dataset, config.encoder, cache_dir,
+                                  **config.cache_options())
         except CacheError as err:
             raise PreflightError(str(err)) from None
-        return
+        return len(cache.train.y)
     problem = missing_data(config.dataset, config.data_dir or None, cwd=app)
     if problem:
         raise PreflightError(problem)
+    return None
 
 
-def check_run(app: Path, flwr_args: Sequence[str]) -> RunConfig:
-    """Everything that can be known before starting Flower; PreflightError if it is wrong."""
+def check_clients(config: RunConfig, num_supernodes: int, train_rows: int | None = None) -> None:
+    """What the number of clients decides, known before any process starts: a robust rule
+    must hold on a round's clients (`fraction-train` of the SuperNodes, as the strategy samples
+    them), and every client needs a chance of a row (`train_rows`, where known). The ServerApp
+    checks the same once it knows its nodes: in deployment that is the only check."""
+    from ovalp_flwr.federation.aggregators import aggregator  # late: a rule imports Flower's
+    from ovalp_flwr.federation.costs import sample_size  # late: records, only where run
+
+    try:
+        if train_rows is not None and config.finetune == "none":
+            check_num_clients(num_supernodes, train_rows)
+    except ConfigError as err:
+        raise PreflightError(str(err)) from None
+    if config.robust_aggregation == "none":
+        return
+    per_round = sample_size(num_supernodes, config.fraction_train)
+    reason = aggregator(config.robust_aggregation, config.robust_fraction).too_few(per_round)
+    if reason is not None:
+        raise PreflightError(f"{reason} ({num_supernodes} SuperNodes x fraction-train="
+                             f"{config.fraction_train}: {per_round} clients a round)")
+
+
+def check_run(app: Path, flwr_args: Sequence[str], num_supernodes: int | None = None
+              ) -> RunConfig:
+    """Everything that can be known before starting Flower; PreflightError if it is wrong.
+    `num_supernodes`: the clients there will be, where the launcher decides it (simulation)."""
     try:
         config = RunConfig.from_mapping(fused_run_config(app, flwr_args))
         if config.tracking == "mlflow":
             needs_mlflow()  # before any Flower process starts, as every other config error
     except ConfigError as err:
         raise PreflightError(str(err)) from None
-    check_data(config, app)
+    train_rows = check_data(config, app)
+    if num_supernodes is not None:
+        check_clients(config, num_supernodes, train_rows)
     return config

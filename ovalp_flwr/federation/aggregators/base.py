@@ -24,8 +24,15 @@ class Aggregator:
 
     fraction: float = 0.1
 
+    def too_few(self, n: int) -> str | None:
+        """Why `n` clients in a round are too few for the rule to do what it says; None if
+        they are not. The launchers ask it before Flower starts (`ops/preflight.py`)."""
+        return None
+
     def check(self, n: int, server_round: int) -> None:
         """Raise `RefusedRound` where `n` clients are too few for the rule to hold."""
+        if (reason := self.too_few(n)) is not None:
+            raise RefusedRound(f"round {server_round}: {reason}")
 
     def combine(self, replies: Sequence[TrainReply], global_arrays: Arrays,
                 admitted: list[TrainReply]) -> tuple[Arrays, list[TrainReply]]:

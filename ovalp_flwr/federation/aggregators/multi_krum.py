@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ovalp_flwr.federation.aggregators.base import Aggregator, RefusedRound, flattened
+from ovalp_flwr.federation.aggregators.base import Aggregator, flattened
 from ovalp_flwr.federation.replies import TrainReply, weighted_mean
 
 
@@ -29,13 +29,13 @@ def krum_kept(replies: Sequence[TrainReply], fraction: float) -> list[TrainReply
 
 
 class MultiKrum(Aggregator):
-    def check(self, n, server_round):
+    def too_few(self, n):
         f = math.ceil(self.fraction * n)
-        if n <= 2 * f + 2:
-            raise RefusedRound(
-                f"round {server_round}: multi-krum with robust-fraction={self.fraction} assumes "
-                f"f = {f} hostile of the {n} clients, and Krum needs n > 2f + 2 = {2 * f + 2}; "
-                "use a smaller robust-fraction or more clients a round")
+        if n > 2 * f + 2:
+            return None
+        return (f"multi-krum with robust-fraction={self.fraction} assumes f = {f} hostile of "
+                f"the {n} clients, and Krum needs n > 2f + 2 = {2 * f + 2}; use a smaller "
+                "robust-fraction or more clients a round")
 
     def combine(self, replies, global_arrays, admitted):
         kept = {reply.node for reply in krum_kept(replies, self.fraction)}

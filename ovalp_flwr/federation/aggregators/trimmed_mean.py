@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from flwr.server.strategy.aggregate import aggregate_trimmed_avg
 
-from ovalp_flwr.federation.aggregators.base import Aggregator, RefusedRound, with_flower
+from ovalp_flwr.federation.aggregators.base import Aggregator, with_flower
 
 
 class TrimmedMean(Aggregator):
-    def check(self, n, server_round):
-        if int(self.fraction * n) == 0:
-            raise RefusedRound(
-                f"round {server_round}: trimmed-mean with robust-fraction={self.fraction} cuts "
-                f"int({self.fraction} x {n}) = 0 of the {n} clients at each end, the plain "
-                f"mean; use robust-fraction >= {1 / n:.3g} or more clients a round")
+    def too_few(self, n):
+        if int(self.fraction * n) > 0:
+            return None
+        return (f"trimmed-mean with robust-fraction={self.fraction} cuts int({self.fraction} x "
+                f"{n}) = 0 of the {n} clients at each end, the plain mean; use "
+                f"robust-fraction >= {1 / n:.3g} or more clients a round")
 
     def combine(self, replies, global_arrays, admitted):
         return with_flower(aggregate_trimmed_avg, replies, self.fraction), admitted
