@@ -37,9 +37,16 @@ install: $(STAMP)
 # torch is installed first and alone, pinned, so that the CPU wheel is the one that
 # satisfies every later requirement (a range would pull a CUDA build).
 # pip's output goes to $(VENV)/install.log (its last lines are shown if it fails).
+# The venv holds every package the app needs, so `source .venv/bin/activate` also turns off
+# Flower's per-run install of them (Flower's own setting; else `flwr run .` builds a fresh
+# environment for every run from PyPI: 5.8 GB here, with a CUDA torch; docs/flower.md).
+ACTIVATE_LINE := export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1  \# ovalp-flwr (Makefile): the venv holds the app packages
+
 $(STAMP): pyproject.toml
 	@echo "installing into $(VENV) (first run only, a few minutes; log: $(VENV)/install.log)"
 	@$(PYTHON) -m venv $(VENV)
+	@grep -qF 'FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION' $(VENV)/bin/activate \
+	  || echo '$(ACTIVATE_LINE)' >> $(VENV)/bin/activate
 	@{ $(PY) -m pip install --upgrade pip && \
 	   $(PY) -m pip install torch==2.13.0 && \
 	   $(PY) -m pip install -e ".[test,tracking]"; } > $(VENV)/install.log 2>&1 \

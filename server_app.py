@@ -12,6 +12,7 @@ from ovalp_flwr.features.cache import CacheError
 from ovalp_flwr.features.encoders import EncoderError, WeightsUnavailable
 from ovalp_flwr.federation.errors import FederationError, refuse
 from ovalp_flwr.federation.polling import prompt_replies
+from ovalp_flwr.federation.runtime_env import say_if_flower_installed
 from ovalp_flwr.finetune.server import run_finetune
 from ovalp_flwr.ova.server import run_ova
 
@@ -32,6 +33,7 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    say_if_flower_installed()  # a run on packages Flower reinstalled for it (CUDA torch, GBs)
     try:
         # replies pulled promptly, not 3 s apart as Flower does (federation/polling.py)
         run_server(prompt_replies(grid), RunConfig.from_mapping(context.run_config))

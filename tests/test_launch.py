@@ -3,6 +3,8 @@ path, then scenarios on the shared Ray federation of tests/e2e.py), and the app 
 packs (SIGTERM to a test session or a CLI: tests/test_processes.py)."""
 
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -224,3 +226,81 @@ def test_preflight_checks_this_projects_config_and_leaves_another_apps_to_flower
     assert "classes" in capsys.readouterr().err
     assert launch.preflight(floor_app, ["--run-config", "classes=10"])
     assert capsys.readouterr().err == ""
+
+
+# --- the bare Flower path: `flwr run .` with the venv active, no launcher of ours --------------
+
+
+def bare_flwr(flwr_home: Path, ports: list[int]):
+    """`flwr <args>` as a user runs it with `.venv` active (its bin/ on PATH, Flower's runtime
+    dependency installation off as `.venv/bin/activate` sets it), on a Flower home of its own
+    and Flower's local SuperLink on free ports (Flower's own variables: 39091/39093 stay free)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "FLWR_HOME": str(flwr_home), "FLWR_TELEMETRY_ENABLED": "0",
+           "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(ports[0]),
+           "FLWR_LOCAL_CONTROL_API_PORT": str(ports[1])}
+
+    def flwr(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(["flwr", *args], cwd=launch.PROJECT, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    return flwr
+
+
+def run_of(flwr, run_id: int) -> dict:
+    listed = flwr("ls", "--run-id", str(run_id), "--format", "json", timeout=60)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    return json.loads(listed.stdout)["runs"][0]
+
+
+@pytest.mark.e2e(seconds=150)
+def test_bare_flwr_run_streams_a_run_and_list_log_stop_work_on_another(tmp_path, cache_dir):
+    """A Flower user's path (README): `flwr run . --stream` on Flower's own local SuperLink
+    (started by the CLI, detached) runs to its result line, its results where the run config
+    says; then a run started without `--stream` is listed, its log read and stopped with
+    `flwr ls`, `flwr log` and `flwr stop`. The local SuperLink and all it started are stopped by
+    PID at the end."""
+    import signal
+
+    from ovalp_flwr.ops.ports import free_ports
+    from ovalp_flwr.ops.processes import signal_all
+    from e2e import processes_of
+
+    flwr_home = tmp_path / "flwr-home"
+    flwr = bare_flwr(flwr_home, free_ports(2))
+    results = tmp_path / "results"
+    common = (f"encoder='pixels' feature-cache-dir='{cache_dir}' results-dir='{results}' "
+              "partition='iid'")
+    federation = ["--federation-config", "num-supernodes=4 client-resources-num-cpus=1"]
+    try:
+        streamed = flwr("run", ".", "--stream", *federation, "--run-config",
+                        f"{common} num-server-rounds=2 run-name='streamed'")
+        assert streamed.returncode == 0, streamed.stdout[-3000:] + streamed.stderr[-3000:]
+        assert "final accuracy" in streamed.stdout
+        summary = read_summary(results / "streamed")
+        assert summary["num_clients"] == 4 and len(summary["rounds"]) == 2
+
+        started = flwr("run", ".", *federation, "--run-config",
+                       f"{common} num-server-rounds=1000 run-name='stopped'")
+        assert started.returncode == 0, started.stdout + started.stderr
+        run_id = int(started.stdout.split("Successfully started run ")[1].split()[0])
+        assert run_of(flwr, run_id)["status"] in ("pending", "starting", "running")
+        deadline = time.monotonic() + 120
+        while not re.search(r"round +1/1000", shown := flwr("log", str(run_id), "--show").stdout):
+            assert time.monotonic() < deadline, shown[-2000:]
+            time.sleep(2)
+        stopped = flwr("stop", str(run_id))
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        deadline = time.monotonic() + 60
+        while (status := run_of(flwr, run_id)["status"]) != "finished:stopped":
+            assert time.monotonic() < deadline, status
+            time.sleep(1)
+        assert not (results / "stopped" / "summary.json").exists()
+    finally:
+        signal_all(sorted(processes_of(flwr_home)), signal.SIGTERM)
+    assert left_behind(flwr_home) == set(), "the local SuperLink outlived its stop"

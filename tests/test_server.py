@@ -389,3 +389,4 @@ def test_clients_train_on_one_thread_and_leave_the_process_its_own(cache_dir, tm
     finally:
         torch.set_num_threads(before)
 
+
