@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import re
+
 import pytest
 
 from ovalp_flwr.config import RECIPE, ConfigError, RunConfig, check_num_clients
@@ -110,9 +112,31 @@ def test_within_domain_allows_every_partition_but_domain():
     assert WITHIN_DOMAIN_PARTITIONS == tuple(p for p in PARTITIONS if p != "domain")
     for within in WITHIN_DOMAIN_PARTITIONS:
         RunConfig.from_mapping({**app_config(), "partition": "domain", "within-domain": within})
+    RunConfig.from_mapping({**app_config(), "partition": "domain",
+                            "within-domain": "flwr:DirichletPartitioner",
+                            "partition-args": "alpha=0.5"})
     with pytest.raises(ConfigError, match="within-domain='domain' is not allowed; choose one of: "
-                                          "iid, shard, bernoulli-dirichlet, zipf, feature-skew$"):
+                                          "iid, shard, bernoulli-dirichlet, zipf, feature-skew, "
+                                          "flwr:<Name>$"):
         RunConfig.from_mapping({**app_config(), "within-domain": "domain"})
+
+
+@pytest.mark.parametrize("values, says", [
+    ({"partition": "flwr:Dirichlet Partitioner"}, "partition='flwr:Dirichlet Partitioner' is not "
+     'allowed; name a Flower Datasets partitioner by its class, e.g. "flwr:DirichletPartitioner"'),
+    ({"partition": "shard", "partition-args": "alpha=0.5"}, "partition-args='alpha=0.5' is not "
+     'allowed; it is read only with partition = "flwr:<Name>" (or within-domain); use ""'),
+    ({"partition": "flwr:DirichletPartitioner", "partition-args": "num_partitions=4"},
+     "num_partitions is the number of SuperNodes; leave it out"),
+    ({"partition": "flwr:DirichletPartitioner", "partition-args": "alpha"},
+     "use name=value pairs apart by spaces"),
+])
+def test_a_flower_partitioner_is_named_by_its_class_and_its_arguments_checked(values, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        RunConfig.from_mapping({**app_config(), **values})
+    ok = RunConfig.from_mapping({**app_config(), "partition": "flwr:DirichletPartitioner",
+                                 "partition-args": 'alpha=0.3 partition_by="label"'})
+    assert ok.partition == "flwr:DirichletPartitioner"
 
 
 # --- validating imports no torch ------------------------------------------------------------

@@ -262,7 +262,7 @@ def run_of(flwr, run_id: int) -> dict:
 def test_bare_flwr_run_streams_a_run_and_list_log_stop_work_on_another(tmp_path, cache_dir):
     """A Flower user's path (README): `flwr run . --stream` on Flower's own local SuperLink
     (started by the CLI, detached) runs to its result line, its results where the run config
-    says; then a run started without `--stream` is listed, its log read and stopped with
+    says (on clients a Flower Datasets partitioner made); then a run started without `--stream` is listed, its log read and stopped with
     `flwr ls`, `flwr log` and `flwr stop`. The local SuperLink and all it started are stopped by
     PID at the end."""
     import signal
@@ -274,16 +274,17 @@ def test_bare_flwr_run_streams_a_run_and_list_log_stop_work_on_another(tmp_path,
     flwr_home = tmp_path / "flwr-home"
     flwr = bare_flwr(flwr_home, free_ports(2))
     results = tmp_path / "results"
-    common = (f"encoder='pixels' feature-cache-dir='{cache_dir}' results-dir='{results}' "
-              "partition='iid'")
+    common = f"encoder='pixels' feature-cache-dir='{cache_dir}' results-dir='{results}'"
     federation = ["--federation-config", "num-supernodes=4 client-resources-num-cpus=1"]
     try:
         streamed = flwr("run", ".", "--stream", *federation, "--run-config",
-                        f"{common} num-server-rounds=2 run-name='streamed'")
+                        f"{common} num-server-rounds=2 run-name='streamed' partition="
+                        "'flwr:DirichletPartitioner' partition-args='alpha=0.5'")
         assert streamed.returncode == 0, streamed.stdout[-3000:] + streamed.stderr[-3000:]
         assert "final accuracy" in streamed.stdout
-        summary = read_summary(results / "streamed")
+        summary = read_summary(results / "streamed")  # a Flower Datasets partitioner's run
         assert summary["num_clients"] == 4 and len(summary["rounds"]) == 2
+        assert summary["partition"]["kind"] == "flwr:DirichletPartitioner"
 
         started = flwr("run", ".", *federation, "--run-config",
                        f"{common} num-server-rounds=1000 run-name='stopped'")

@@ -205,3 +205,56 @@ def test_unknown_kind_and_missing_features_fail_clearly():
         make_partitioner(PartitionSpec("dirichlet"), 10)
     with pytest.raises(ValueError, match="feature-skew.*features"):
         partition_indices(PartitionSpec("feature-skew"), LABELS, 10)
+
+
+# --- Flower Datasets' partitioners (`partition = "flwr:<Name>"`) -------------------------------
+
+
+def flower(name: str, num_partitions: int, seed: int = 0, **args) -> list[np.ndarray]:
+    spec = PartitionSpec(f"flwr:{name}", seed=seed, partition_args=PartitionSpec.frozen_args(args))
+    return partition_indices(spec, LABELS, num_partitions)
+
+
+@pytest.mark.parametrize("num_partitions, seed", [(1, 0), (7, 0), (100, 42), (1437, 3)])
+def test_our_iid_is_flowers_iid_partitioner_as_federated_dataset_runs_it(num_partitions, seed):
+    """The same seeded shuffle of the rows (FederatedDataset's), then Flower's contiguous equal
+    shards: row for row the same clients."""
+    ours = partition_indices(PartitionSpec("iid", seed=seed), LABELS, num_partitions)
+    theirs = flower("IidPartitioner", num_partitions, seed)
+    assert len(ours) == len(theirs) == num_partitions
+    assert all(np.array_equal(a, b) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("name, args, check", [
+    ("DirichletPartitioner", {"alpha": 0.1, "min_partition_size": 0}, None),
+    ("PathologicalPartitioner", {"num_classes_per_partition": 2}, 2),
+    ("ShardPartitioner", {"num_shards_per_partition": 1}, None),
+    ("LinearPartitioner", {}, None),
+])
+def test_a_flower_partitioner_gives_disjoint_seeded_row_indices(name, args, check):
+    parts = flower(name, 20, seed=5, **args)
+    rows = np.concatenate(parts)
+    assert len(parts) == 20 and len(rows) == len(np.unique(rows)) <= len(LABELS)
+    assert all(np.all(np.diff(part) > 0) for part in parts)  # sorted, as every scheme's
+    again, other = flower(name, 20, seed=5, **args), flower(name, 20, seed=6, **args)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))  # the seed fixes it
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+    if check is not None:
+        assert {len(np.unique(LABELS[part])) for part in parts if len(part)} == {check}
+
+
+def test_a_flower_partitioner_the_arguments_do_not_fit_is_one_config_error():
+    from ovalp_flwr.options import ConfigError
+
+    with pytest.raises(ConfigError, match="partition-args='alpah=0.3' is not allowed; "
+                       "flwr:DirichletPartitioner takes no alpah; it takes: partition_by, alpha"):
+        flower("DirichletPartitioner", 10, alpah=0.3)
+    with pytest.raises(ConfigError, match="flwr:DirichletPartitioner: Alpha values should be "
+                                          "strictly greater than zero"):
+        flower("DirichletPartitioner", 10, alpha=-1.0)
+    with pytest.raises(ConfigError, match="partition='flwr:NaturalIdPartitioner' is not allowed; "
+                                          "it makes 10 partitions for 7 clients"):
+        flower("NaturalIdPartitioner", 7)
+    with pytest.raises(ConfigError, match="name one of Flower Datasets' partitioners: "
+                                          "flwr:ContinuousPartitioner, flwr:Dirichlet"):
+        flower("DirichletPartitoner", 7)

@@ -390,3 +390,22 @@ def test_clients_train_on_one_thread_and_leave_the_process_its_own(cache_dir, tm
         torch.set_num_threads(before)
 
 
+
+
+def test_a_flower_datasets_partitioner_runs_end_to_end_with_our_empty_client_rules(
+        cache_dir, tmp_path, caplog):
+    """`partition = "flwr:DirichletPartitioner"` with its own arguments: the same summary line as
+    our partitions, clients Flower's Dirichlet left empty skip training (no FedAvg weight), and
+    the run learns."""
+    caplog.set_level(logging.INFO, logger="flwr")
+    summary = run(cache_dir, tmp_path, clients=30, partition="flwr:DirichletPartitioner",
+                  **{"partition-args": "alpha=0.05 min_partition_size=0", "num-server-rounds": 3})
+    partition = summary["partition"]
+    assert partition["kind"] == "flwr:DirichletPartitioner" and partition["num_clients"] == 30
+    assert partition["num_empty"] > 0 and partition["num_samples"] == 1437
+    said = [r.getMessage().removeprefix(MARK) for r in caplog.records if MARK in r.getMessage()]
+    assert f"partition flwr:DirichletPartitioner: 30 clients, {partition['num_empty']} empty" \
+        in " ".join(said)
+    holders = 30 - partition["num_empty"]
+    assert [r["clients_trained"] for r in summary["rounds"]] == [holders] * 3
+    assert summary["final_accuracy"] > 0.8

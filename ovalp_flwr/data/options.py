@@ -3,7 +3,10 @@ features, and how the training split is spread over the clients. Torch-free."""
 
 from __future__ import annotations
 
+import re
+import tomllib
 from dataclasses import dataclass
+from typing import Any
 
 from ovalp_flwr.data.noise import NOISE_KINDS
 from ovalp_flwr.data.registry import dataset_modality
@@ -14,6 +17,15 @@ from ovalp_flwr.options import (ConfigError, Options, Whole, at_least, key, one_
 PARTITIONS = ("iid", "shard", "bernoulli-dirichlet", "zipf", "feature-skew", "domain")
 # partition "domain": how the clients of one domain split its rows (any partition but domain)
 WITHIN_DOMAIN_PARTITIONS = ("iid", "shard", "bernoulli-dirichlet", "zipf", "feature-skew")
+# partition = "flwr:<Name>": a Flower Datasets partitioner by its class name (data/partitioners.py)
+FLOWER_PARTITION = "flwr:"
+PARTITION_CHOICES = (*PARTITIONS, f"{FLOWER_PARTITION}<Name>")
+WITHIN_DOMAIN_CHOICES = (*WITHIN_DOMAIN_PARTITIONS, f"{FLOWER_PARTITION}<Name>")
+# what the run sets on a Flower Datasets partitioner itself: not given in `partition-args`
+SET_BY_THE_RUN = {"num_partitions": "the number of SuperNodes", "seed": "the run's `seed`"}
+# Flower's own `--run-config` syntax (flwr/common/config.py, parse_config_args): name=value pairs
+# apart by spaces, each value TOML (strings quoted)
+_PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
 FEATURE_NORMS = ("none", "l2", "standardize", "center-l2")
 AUTO_VALIDATION_FRACTION = 0.1  # validation-fraction "auto" where the run makes a choice
 VALIDATION_ROWS = ("server", "clients")  # who keeps them
@@ -179,12 +191,14 @@ class PartitionOptions(Options):
         "`classes-per-client` classes per client; `bernoulli-dirichlet`: FedCorr's "
         "construction; `zipf`: quantity skew, IID labels; `feature-skew`: k-means over the "
         "features, one cluster per client; `domain`: one domain of a multi-domain dataset per "
-        "client, or a share of one ([Clients that differ in what they see](shift.md)).",
-        PARTITIONS)
+        "client, or a share of one ([Clients that differ in what they see](shift.md)); "
+        "`flwr:<Name>`: Flower Datasets' partitioner `<Name>` (e.g. `flwr:DirichletPartitioner`)"
+        " with `partition-args` ([Data](data.md#flower-datasets-partitioners)).",
+        PARTITION_CHOICES)
     within_domain: str = key(
         "iid", 'With `partition = "domain"`: how the clients of one domain split '
         "its rows (any partition but `domain`, with that partition's own keys), e.g. `shard` "
-        "for label skew inside a domain.", WITHIN_DOMAIN_PARTITIONS)
+        "for label skew inside a domain.", WITHIN_DOMAIN_CHOICES)
     classes_per_client: int = key(
         1, "k of shard-k: the distinct classes each client holds.")
     dirichlet_p: float = key(
@@ -198,10 +212,62 @@ class PartitionOptions(Options):
         2.0, "The exponent of Zipf quantity skew: client sizes proportional to "
         "rank^-s, at least one sample each.")
 
+    partition_args: str = key(
+        "", 'With `partition = "flwr:<Name>"` (a [Flower Datasets partitioner](data.md#flower-'
+        'datasets-partitioners)): its keyword arguments as `name=value` pairs apart by spaces, '
+        "values in TOML as `--run-config` takes them (strings in double quotes inside the "
+        "key's single quotes), e.g. `alpha=0.3 min_partition_size=0`. `num_partitions` is the "
+        "number of SuperNodes and `seed` the run's `seed`; `partition_by` is `\"label\"` unless "
+        "given.")
+
     def check(self) -> None:
-        one_of("partition", self.partition, PARTITIONS)
-        one_of("within-domain", self.within_domain, WITHIN_DOMAIN_PARTITIONS)
+        check_partition("partition", self.partition, PARTITION_CHOICES)
+        check_partition("within-domain", self.within_domain, WITHIN_DOMAIN_CHOICES)
+        args = partition_args(self.partition_args)
+        if args and FLOWER_PARTITION not in self.partition + self.within_domain:
+            raise ConfigError("partition-args", self.partition_args, "it is read only with "
+                              'partition = "flwr:<Name>" (or within-domain); use ""')
         at_least("classes-per-client", self.classes_per_client, 1)
         positive("dirichlet-alpha", self.dirichlet_alpha)
         positive("zipf-s", self.zipf_s)
         share("dirichlet-p", self.dirichlet_p, 0, 1, low_open=True, what="a probability")
+
+
+def flower_partitioner(partition: str) -> str | None:
+    """The Flower Datasets partitioner's class name a partition names ("flwr:<Name>"), or None
+    for one of ours."""
+    return partition[len(FLOWER_PARTITION):] if partition.startswith(FLOWER_PARTITION) else None
+
+
+def check_partition(key_name: str, value: str, allowed: tuple[str, ...]) -> None:
+    """One of our partitions, or "flwr:<Name>" with a class name (which one exists is known only
+    once Flower Datasets is imported: `partitioners.flower_partitioner_class`)."""
+    name = flower_partitioner(value)
+    if name is None:
+        one_of(key_name, value, allowed)
+    elif not name.isidentifier():
+        raise ConfigError(key_name, value, "name a Flower Datasets partitioner by its class, "
+                          'e.g. "flwr:DirichletPartitioner"')
+
+
+def partition_args(text: str) -> dict[str, Any]:
+    """`partition-args` as the partitioner's keyword arguments (see the key): one ConfigError
+    naming the pair where one is not TOML, or a key the run sets itself."""
+    if not isinstance(text, str):
+        raise ConfigError("partition-args", text, 'use a string of name=value pairs, e.g. '
+                          '"alpha=0.3 min_partition_size=0"')
+    pairs = _PAIR.findall(text)
+    if _PAIR.sub("", text).strip():  # something besides the pairs
+        raise ConfigError("partition-args", text, "use name=value pairs apart by spaces, "
+                          'strings in double quotes, e.g. alpha=0.3 partition_by="label"')
+    args: dict[str, Any] = {}
+    for name, value in pairs:
+        try:
+            args[name] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            raise ConfigError("partition-args", text, f"{name}={value} is not a TOML value "
+                              "(a number, true/false, a \"string\" or a [list])") from None
+        if name in SET_BY_THE_RUN:
+            raise ConfigError("partition-args", text, f"{name} is {SET_BY_THE_RUN[name]}; "
+                              "leave it out")
+    return args

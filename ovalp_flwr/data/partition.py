@@ -10,11 +10,11 @@ row-index array per client.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ovalp_flwr.data.options import PARTITIONS
+from ovalp_flwr.data.options import PARTITIONS, flower_partitioner
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -35,6 +35,15 @@ class PartitionSpec:
     within_domain: str = "iid"  # partition "domain": how each domain's clients split its rows
     validation_fraction: float = 0.0  # held back before partitioning (data.holdout)
     validation_rows: str = "server"  # "clients": each client holds back its share instead
+    # partition "flwr:<Name>": the partitioner's keyword arguments, sorted (hashable: lists as
+    # tuples); `options.partition_args` parses them from the run config
+    partition_args: tuple[tuple[str, Any], ...] = ()
+
+    @staticmethod
+    def frozen_args(args: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+        """`partition-args` parsed, as a spec holds them (sorted; lists as tuples)."""
+        return tuple(sorted((name, tuple(value) if isinstance(value, list) else value)
+                            for name, value in args.items()))
 
 
 def make_partitioner(
@@ -50,6 +59,7 @@ def make_partitioner(
         ClassShardPartitioner,
         DomainPartitioner,
         FeatureSkewPartitioner,
+        FlowerPartitioner,
         SeededIidPartitioner,
         ZipfPartitioner,
     )
@@ -62,6 +72,8 @@ def make_partitioner(
             num_partitions, spec.seed, domains,
             lambda clients, seed, rows: make_partitioner(
                 replace(within, seed=seed), clients, None if features is None else features[rows]))
+    if (name := flower_partitioner(spec.kind)) is not None:
+        return FlowerPartitioner(num_partitions, spec.seed, name, dict(spec.partition_args))
     if spec.kind == "iid":
         return SeededIidPartitioner(num_partitions, spec.seed)
     if spec.kind == "shard":

@@ -8,12 +8,16 @@ ClientApp of a node that has its rows already never needs these classes.
 
 from __future__ import annotations
 
+import inspect
 from abc import abstractmethod
 from collections.abc import Callable
 
 import numpy as np
 from datasets import Dataset
 from flwr_datasets.partitioner import IidPartitioner, Partitioner
+
+from ovalp_flwr.data.options import SET_BY_THE_RUN
+from ovalp_flwr.options import ConfigError
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -218,6 +222,79 @@ class FeatureSkewPartitioner(IndexPartitioner):
         kmeans = KMeans(n_clusters=self.num_partitions, random_state=self._seed, n_init=1)
         cluster = kmeans.fit_predict(self._features)
         return [np.flatnonzero(cluster == j) for j in range(self.num_partitions)]
+
+
+# Flower Datasets' partitioners that split rows by a column into `num_partitions` clients
+# (`flwr:<Name>`); the vertical ones split features, and `Partitioner`,
+# `IdToSizeFncPartitioner` are the bases the others are made of
+NOT_HORIZONTAL = ("Partitioner", "IdToSizeFncPartitioner", "VerticalEvenPartitioner",
+                  "VerticalSizePartitioner")
+
+
+def flower_partitioners() -> tuple[str, ...]:
+    """The Flower Datasets partitioners `partition = "flwr:<Name>"` can name."""
+    import flwr_datasets.partitioner as flower  # late: only a flwr: partition reads the list
+
+    return tuple(name for name in flower.__all__ if name not in NOT_HORIZONTAL)
+
+
+def flower_partitioner_class(name: str) -> type[Partitioner]:
+    """Flower Datasets' partitioner `name`; a ConfigError listing them where it has none."""
+    import flwr_datasets.partitioner as flower  # late: as above
+
+    if name not in flower_partitioners():
+        raise ConfigError("partition", f"flwr:{name}", "name one of Flower Datasets' "
+                          f"partitioners: {', '.join(f'flwr:{n}' for n in flower_partitioners())}")
+    return getattr(flower, name)
+
+
+def flower_partitioner(name: str, args: dict, num_partitions: int, seed: int) -> Partitioner:
+    """Flower Datasets' `name` made as a Flower user makes it, with `args`, the run's number of
+    clients, `partition_by="label"` unless given, and the run's seed where it takes one; a
+    ConfigError naming `partition-args` where its constructor refuses them."""
+    cls = flower_partitioner_class(name)
+    accepts = inspect.signature(cls.__init__).parameters
+    unknown = sorted(set(args) - set(accepts) - {"self"})
+    if unknown:
+        takes = ", ".join(p for p in accepts if p not in ("self", *SET_BY_THE_RUN))
+        raise ConfigError("partition-args", _pairs(args), f"flwr:{name} takes no {unknown[0]}; "
+                          f"it takes: {takes}")
+    kwargs = {**({"partition_by": "label"} if "partition_by" in accepts else {}), **args}
+    kwargs.update({key: value for key, value in (("num_partitions", num_partitions),
+                                                 ("seed", seed)) if key in accepts})
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ConfigError("partition-args", _pairs(args), f"flwr:{name}: {err}") from None
+
+
+def _pairs(args: dict) -> str:
+    return " ".join(f"{k}={v!r}" for k, v in args.items())
+
+
+class FlowerPartitioner(IndexPartitioner):
+    """A Flower Datasets partitioner (`partition = "flwr:<Name>"`), run as `FederatedDataset`
+    runs it: the rows shuffled by the seed first (`FederatedDataset(shuffle=True, seed)`), then
+    `load_partition(i)` for every client; each row keeps its index, so the clients get row
+    indices like every other scheme here. `flwr:IidPartitioner` is then our `iid` exactly (the
+    same shuffle, then Flower's contiguous equal shards: tests/test_partition.py)."""
+
+    def __init__(self, num_partitions: int, seed: int, name: str, args: dict) -> None:
+        super().__init__(num_partitions, seed)
+        self.name, self.args = name, dict(args)
+        self.flower = flower_partitioner(name, self.args, num_partitions, seed)  # checks args
+
+    def _split(self, labels: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+        rows = Dataset.from_dict({"label": labels, "index": np.arange(len(labels))})
+        self.flower.dataset = rows.shuffle(seed=self._seed)
+        try:
+            made = self.flower.num_partitions
+            if made != self.num_partitions:
+                raise ValueError(f"it makes {made} partitions for {self.num_partitions} clients")
+            return [np.asarray(self.flower.load_partition(i)["index"][:], dtype=np.int64)
+                    for i in range(self.num_partitions)]
+        except ValueError as err:  # e.g. Dirichlet's min_partition_size never met
+            raise ConfigError("partition", f"flwr:{self.name}", f"{err}") from None
 
 
 class DomainPartitioner(IndexPartitioner):

@@ -33,7 +33,7 @@ from ovalp_flwr.core.durable import replace_durably
 from ovalp_flwr.core.options import TrainingOptions
 from ovalp_flwr.core.training import LocalSchedule
 from ovalp_flwr.data.holdout import training_rows, validation_rows
-from ovalp_flwr.data.options import DataOptions
+from ovalp_flwr.data.options import DataOptions, partition_args
 from ovalp_flwr.data.noise import NoiseSpec, noisy_labels
 from ovalp_flwr.data.partition import PartitionSpec, partition_indices
 from ovalp_flwr.features.cache import (CachedFeatures, CacheError, cache_path, feature_space,
@@ -109,7 +109,8 @@ def node_data(config: RunConfig, node_config: Mapping[str, Any] | None = None) -
     parts, data = config.partitioning, config.data
     spec = PartitionSpec(parts.partition, config.seed, parts.classes_per_client,
                          parts.dirichlet_p, parts.dirichlet_alpha, parts.zipf_s,
-                         parts.within_domain, config.validation_share, data.validation_rows)
+                         parts.within_domain, config.validation_share, data.validation_rows,
+                         PartitionSpec.frozen_args(partition_args(parts.partition_args)))
     return NodeData(feature_source(data, config.device, node_config), spec,
                     noise_spec(data, config.seed))
 

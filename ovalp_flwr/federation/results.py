@@ -37,7 +37,7 @@ PERSONALIZATION_COLUMNS = ("method", "partition", "num_train", "num_test", "loca
 
 def default_run_name(config: dict[str, Any]) -> str:
     """Timestamped, and says what ran: `20261121-130501-digits-ova-two-stage-shard1-seed0`."""
-    partition = config["partition"]
+    partition = config["partition"].replace(":", "-")  # flwr:<Name>: no colon in a folder name
     if partition == "shard":
         partition += str(config["classes-per-client"])
     parts = [time.strftime("%Y%m%d-%H%M%S"), config["dataset"], config["head"],

@@ -22,6 +22,7 @@ from click import ClickException
 from flwr.common.config import flatten_dict, get_project_config, parse_config_args
 
 from ovalp_flwr.config import ConfigError, RunConfig, check_num_clients
+from ovalp_flwr.data.options import flower_partitioner, partition_args
 from ovalp_flwr.tracking.tracker import needs_mlflow
 from ovalp_flwr.data.registry import missing_data
 
@@ -146,7 +147,24 @@ def check_run(app: Path, flwr_args: Sequence[str], num_supernodes: int | None = 
             needs_mlflow()  # before any Flower process starts, as every other config error
     except ConfigError as err:
         raise PreflightError(str(err)) from None
+    check_flower_partitioner(config, num_supernodes)
     train_rows = check_data(config, app)
     if num_supernodes is not None:
         check_clients(config, num_supernodes, train_rows)
     return config
+
+
+def check_flower_partitioner(config: RunConfig, num_supernodes: int | None) -> None:
+    """A Flower Datasets partitioner (`partition = "flwr:<Name>"`) that exists and takes
+    `partition-args`: made once here, as the ServerApp makes it, without the data."""
+    named = [flower_partitioner(kind) for kind in (config.partition, config.within_domain)]
+    if not any(named):
+        return
+    # late: Flower Datasets (~3 s, it imports seaborn); only a flwr: partition needs it
+    from ovalp_flwr.data.partitioners import flower_partitioner as make
+
+    try:
+        for name in filter(None, named):
+            make(name, partition_args(config.partition_args), num_supernodes or 2, config.seed)
+    except ConfigError as err:
+        raise PreflightError(str(err)) from None
