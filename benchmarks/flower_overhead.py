@@ -354,7 +354,10 @@ def phases_table(rows: list[dict]) -> list[str]:
 
 
 def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
+    from flwr import __version__ as flwr_version  # late: the report's line only
+
+    return (f"{platform.machine()}, {os.cpu_count()} CPU cores, Python "
+            f"{platform.python_version()}, flwr {flwr_version}")
 
 
 def write(name: str, payload: dict, lines: list[str]) -> None:

@@ -150,10 +150,11 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
     replace_durably(OUT / f"{args.name}.json", json.dumps(
         {"command": invocation, "config": {**BASE, "fraction-train": args.fraction,
                                            "num-server-rounds": args.rounds, "seed": args.seed},
-         "machine": f"{os.cpu_count()} cores", "runs": rows}, indent=1).encode())
+         "machine": f"{os.cpu_count()} cores", "flwr": flwr_version(), "runs": rows},
+        indent=1).encode())
     lines = [f"# Scale: {args.rounds} rounds, {int(args.fraction * 100)}% of the clients sampled "
              f"per round (MNIST, pixels 28 px, 784-d; {os.cpu_count()} cores)", "",
-             f"Command: `{invocation}`", "",
+             f"Command: `{invocation}` (flwr {flwr_version()})", "",
              "| runner | clients | sampled/round | set-up s | set-up exchanges s | s/round (mean) "
              "| s/round | whole run s | peak PSS MiB | checkpoint MiB (last round wrote) | final acc |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -173,6 +174,12 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
             for r in placed]
     replace_durably(OUT / f"{args.name}.md", ("\n".join(lines) + "\n").encode())
     print("\n".join(lines))
+
+
+def flwr_version() -> str:
+    from flwr import __version__  # late: the report's line only
+
+    return __version__
 
 
 def main() -> None:
