@@ -4,7 +4,7 @@ A closed-form start needs only the *sum* of the clients' statistics, which is wh
 aggregation computes: with it the server learns the federation's sums and each client's
 sample count, not one client's class sums or Gram matrix.
 
-Flower 1.41 has SecAgg+ only in its legacy server API: `SecAggPlusWorkflow` type-checks for a
+Flower 1.41 and 1.42 have SecAgg+ only in their legacy server API: `SecAggPlusWorkflow` type-checks for a
 `LegacyContext`, asks a legacy `Strategy` whom to send fit instructions to, and hands the
 aggregate to that strategy's `aggregate_fit`; its client half, `secaggplus_mod`, masks the
 `fitres.parameters` of a legacy FitRes-shaped reply to a `train` message. The message-API

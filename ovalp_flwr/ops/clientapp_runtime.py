@@ -6,7 +6,7 @@ already imported Flower's ClientApp runtime and this app's modules (torch includ
 It is `flower-superexec` (Flower's own loop, `flwr.supercore.superexec.run_superexec`, same
 flags) with one change: a ClientApp task is run by `os.fork()` of this process, whose child
 runs Flower's `run_clientapp` with the task's token, exactly as the `flwr-clientapp` process
-that `flower-superexec` would start (Flower 1.41: `SubprocessExecutor.launch`). Every
+that `flower-superexec` would start (Flower 1.41-1.42: `SubprocessExecutor.launch`). Every
 message still gets a fresh process: nothing one message leaves in memory reaches the next,
 and the node's state goes through Flower's `Context` as before. What the fork saves is the
 interpreter's start and the imports, about 2 s of CPU per message here (`python -X

@@ -1,7 +1,7 @@
 """A Ray cluster for the simulation: a stand-in of two machines on this one, and where the
 ClientApp actors ran.
 
-Flower's simulation calls `ray.init()` with its backend config's `init_args`; in flwr 1.41 the
+Flower's simulation calls `ray.init()` with its backend config's `init_args`; in flwr 1.41-1.42 the
 federation config carries only `init-args-num-cpus`, `-num-gpus`, `-logging-level` and
 `-log-to-driver` (`flwr/proto/federation_config.proto`), no address. `ray.init()` without one
 joins the cluster named by `RAY_ADDRESS` in its environment, so the launcher's `--ray-address`

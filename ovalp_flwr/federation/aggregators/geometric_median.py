@@ -3,7 +3,7 @@ to the clients' models (RFA, Pillutla, Kakade and Harchaoui 2022), by their smoo
 iterations from the weighted mean. Its breakdown point is one half of the weight: attackers
 holding less than half of it move the result a bounded distance, however far they send their
 models, and unlike the coordinate-wise median it treats the model as one vector (rotation-
-invariant). Not in Flower 1.41; the reference package (`geom_median`, GPL-3.0) cannot be a
+invariant). Not in Flower 1.42; the reference package (`geom_median`, GPL-3.0) cannot be a
 dependency here, and the iteration is a few lines. `robust-fraction` is not read."""
 
 from __future__ import annotations
