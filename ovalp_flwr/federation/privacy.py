@@ -42,14 +42,10 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-# Google's dp-accounting (what Flower's RdpAccountant wraps; flwr[dp] installs it), used
-# directly: one accountant composes unsampled and subsampled releases under replace-one
-from dp_accounting import dp_event
-from dp_accounting.privacy_accountant import NeighboringRelation
-from dp_accounting.rdp import RdpAccountant
 from flwr.supercore.differential_privacy import compute_clip_model_update, compute_stdv
 
 from ovalp_flwr.federation.options import RoundOptions
@@ -57,6 +53,9 @@ from ovalp_flwr.privacy.options import PrivacyOptions
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
 from ovalp_flwr.federation.replies import TrainReply
 from ovalp_flwr.federation.costs import sample_size
+
+if TYPE_CHECKING:
+    from dp_accounting import dp_event
 
 Arrays = dict[str, np.ndarray]
 INFINITE = "inf"  # summary.json's ε for a level some release is not covered at (JSON has no ∞)
@@ -81,6 +80,8 @@ class Releases:
     population: int = 1
 
     def event(self) -> dp_event.DpEvent:
+        from dp_accounting import dp_event  # late: as composed_epsilon
+
         gaussian = dp_event.GaussianDpEvent(self.noise_multiplier)
         if self.sample >= self.population:
             return gaussian
@@ -89,7 +90,14 @@ class Releases:
 
 def composed_epsilon(releases: Sequence[Releases], delta: float) -> float:
     """ε at δ of every release composed by one RDP accountant, under replace-one (the
-    relation Wang-Balle-Kasiviswanathan's fixed-size sampling analysis needs)."""
+    relation Wang-Balle-Kasiviswanathan's fixed-size sampling analysis needs). Google's
+    dp-accounting (what Flower's RdpAccountant wraps; flwr[dp] installs it), used directly:
+    one accountant composes unsampled and subsampled releases."""
+    # late: dp-accounting pulls in scipy (1.5-2 s of CPU), and every app process imports this
+    # module (the clients clip their rows): only a private run pays for its accountant
+    from dp_accounting.privacy_accountant import NeighboringRelation  # late: see above
+    from dp_accounting.rdp import RdpAccountant  # late: see above
+
     accountant = RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
     for release in releases:
         accountant.compose(release.event(), release.count)
