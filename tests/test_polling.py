@@ -71,6 +71,21 @@ def test_the_pause_doubles_from_the_first_pull_to_the_interval():
     assert pauses[:6] == [0.01, 0.02, 0.04, 0.08, 0.1, 0.1]
 
 
+def test_a_long_wait_pulls_at_a_share_of_its_length(monkeypatch):
+    """Past 5 s of waiting, a pause of 2% of the wait so far (a reply waits at most 2% longer
+    than it took), up to 1 s: a minute's wait for a straggler pulls ~180 times, not 600."""
+    from ovalp_flwr.federation import polling
+
+    assert [polling.longest_pause(w) for w in (0, 2, 5, 10, 30, 50, 600)] == \
+        [0.1, 0.1, 0.1, 0.2, 0.6, 1.0, 1.0]
+    clock = [0.0]
+    monkeypatch.setattr(polling.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(polling.time, "sleep", lambda pause: clock.__setitem__(0, clock[0] + pause))
+    grid = SlowGrid(lost=("m0",))
+    send_and_receive(grid, ["a"], timeout=60)
+    assert 150 <= grid.pulls <= 200, grid.pulls
+
+
 def test_the_run_grid_is_wrapped_as_a_flower_grid_that_delegates_all_but_the_wait():
     inner = SlowGrid()
     inner.get_node_ids = lambda: [3, 1]
