@@ -120,14 +120,19 @@ def check_clients(config: RunConfig, num_supernodes: int, train_rows: int | None
     must hold on a round's clients (`fraction-train` of the SuperNodes, as the strategy samples
     them), and every client needs a chance of a row (`train_rows`, where known). The ServerApp
     checks the same once it knows its nodes: in deployment that is the only check."""
-    from ovalp_flwr.federation.aggregators import aggregator  # late: a rule imports Flower's
-    from ovalp_flwr.federation.costs import sample_size  # late: records, only where run
-
+    check_robust_rule(config, num_supernodes)
     try:
         if train_rows is not None and config.finetune == "none":
             check_num_clients(num_supernodes, train_rows)
     except ConfigError as err:
         raise PreflightError(str(err)) from None
+
+
+def check_robust_rule(config: RunConfig, num_supernodes: int) -> None:
+    """The robust rule on a round's clients; needs no data (so no torch: refused in a second)."""
+    from ovalp_flwr.federation.aggregators import aggregator  # late: a rule imports Flower's
+    from ovalp_flwr.federation.costs import sample_size  # late: records, only where run
+
     if config.robust_aggregation == "none":
         return
     per_round = sample_size(num_supernodes, config.fraction_train)
@@ -148,6 +153,8 @@ def check_run(app: Path, flwr_args: Sequence[str], num_supernodes: int | None = 
     except ConfigError as err:
         raise PreflightError(str(err)) from None
     check_flower_partitioner(config, num_supernodes)
+    if num_supernodes is not None:
+        check_robust_rule(config, num_supernodes)  # before the data: it imports torch
     train_rows = check_data(config, app)
     if num_supernodes is not None:
         check_clients(config, num_supernodes, train_rows)
