@@ -15,8 +15,8 @@ STAMP := $(VENV)/.installed
 NUM_SUPERNODES ?= 100
 # pytest-xdist workers: the e2e units start first and wait on Flower much of the time, the
 # in-process tests niced around them (tests/conftest.py); 5 workers overloaded the first minute
-# (a Ray head did not start in 90 s), and on the AMD machine 3 beat 4 (13:35 and 1,611 CPU-s
-# against 15:22 and 1,820: fewer raylet restarts and Flower polls; docs/testing.md).
+# (a Ray head did not start in 90 s); on the AMD machine 3 took 13:35 and 16:09, 4 took 15:22
+# and 16:00 (3: fewer raylet restarts and Flower polls, 1,611 CPU-s against 1,820; docs/testing.md).
 # tests/scheduling.py hands out the tests (loadgroup: a shared federation's scenarios on one worker)
 WORKERS ?= 3
 FAST_WORKERS ?= 2
