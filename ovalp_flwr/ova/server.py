@@ -308,7 +308,7 @@ def chosen_penalty(summed: StatisticsSum, validation: ValidationRows | None
 def _feature_info(cache: CachedFeatures, stats: NormStats | None) -> dict:
     return {
         "train_shape": list(cache.train.x.shape),
-        "test_shape": list(cache.test.x.shape),
+        "test_shape": list(cache.test.x.shape),  # scores: its size, reported, no choice
         "num_classes": cache.num_classes,
         "norm_digest": stats.digest() if stats else None,
         "cache_manifest": {k: v for k, v in cache.manifest.items() if k != "splits"},
@@ -322,14 +322,14 @@ class FeatureEvaluator(CentralEvaluator):
     def __init__(self, cache: CachedFeatures, config: RunConfig, stats: NormStats | None,
                  validation: ValidationRows | None = None) -> None:
         self.device = resolve_device(config.device)
-        features = normalize(config.feature_norm, cache.test.x, stats)
+        features = normalize(config.feature_norm, cache.test.x, stats)  # scores
         self.features = torch.from_numpy(features).to(self.device)
         self.validation = None if validation is None else (
             torch.from_numpy(validation.features).to(self.device),
             torch.from_numpy(validation.labels).to(self.device))
         self.activation = config.adapter_activation
         super().__init__(config.num_server_rounds, config.stage_for_round,
-                         torch.from_numpy(cache.test.y.astype(np.int64)).to(self.device),
+                         torch.from_numpy(cache.test.y.astype(np.int64)).to(self.device),  # scores
                          torch.from_numpy(cache.test.domain).to(self.device), cache.domain_names)
 
     def _head(self, arrays: ArrayRecord) -> torch.nn.Module:
