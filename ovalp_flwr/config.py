@@ -203,7 +203,7 @@ class RunConfig:
         statistics (read by a class-means or ridge start, by L-BFGS's preconditioner, by the
         leave-out check), the rounds' updates, scores on their validation or test rows, the
         personalized models. Differential privacy covers the first two when asked."""
-        made = {"statistics": self.head_init in ("class-means", "ridge") or self.server_steps
+        made = {"statistics": self.head_init not in ("random", "zeros") or self.server_steps
                 or self.robust_start != "none",
                 "rounds": self.num_server_rounds > 0,
                 "validation": self.validation_rows == "clients",

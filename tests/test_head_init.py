@@ -1,6 +1,9 @@
 """Closed-form starts: the clients' summed statistics, the heads built from them, whole runs."""
 
 
+import dataclasses
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +15,7 @@ from ovalp_flwr.core.options import HEAD_INITS
 from ovalp_flwr.core.head_init import HEAD_INITS as REGISTRY
 from ovalp_flwr.core.head_init import ClassStatistics, make_head_init
 from ovalp_flwr.core.head_init.calibration import ScoreModel
-from ovalp_flwr.core.head_init.statistics import unpack_symmetric, wire_bytes
+from ovalp_flwr.core.head_init.statistics import ClientSums, unpack_symmetric, wire_bytes
 from ovalp_flwr.federation.local_grid import run_local
 from ovalp_flwr.core.normalize import FeatureMoments, NormStats, normalize
 from ovalp_flwr.data.partition import PartitionSpec, partition_indices
@@ -168,7 +171,7 @@ def test_every_start_named_in_the_config_is_registered_and_bad_values_say_what_i
     with pytest.raises(ConfigError) as err:
         RunConfig.from_mapping({"head-init": "lda"})
     assert str(err.value) == ("run config: head-init='lda' is not allowed; choose one of: "
-                              "random, zeros, class-means, ridge")
+                              "random, zeros, class-means, fedcof, fed3r, ridge")
     with pytest.raises(ConfigError, match="ridge-lambda=0.0 is not allowed; use a value > 0"):
         RunConfig.from_mapping({"ridge-lambda": 0.0})
     with pytest.raises(ConfigError, match="num-server-rounds=-1 is not allowed"):
@@ -192,11 +195,12 @@ def centralised_accuracy(digits, name, **options):
     return float(((test_x @ weight.T + bias).argmax(1) == test_y).mean())
 
 
-@pytest.mark.parametrize("name", ["class-means", "ridge"])
+@pytest.mark.parametrize("name", ["class-means", "fed3r", "ridge"])
 @pytest.mark.parametrize("partition", ["shard", "bernoulli-dirichlet"])
 def test_a_run_without_rounds_is_the_published_classifier_on_any_partition(
         cache_dir, tmp_path, digits, name, partition):
-    """FedNCM / Fed3R: `num-server-rounds = 0` scores the start, the centralised classifier."""
+    """FedNCM / Fed3R / ours: `num-server-rounds = 0` scores the start, the centralised
+    classifier."""
     summary = run(cache_dir, tmp_path, partition=partition, **{"head-init": name,
                                                                "num-server-rounds": 0})
     assert summary["rounds"] == []
@@ -205,7 +209,7 @@ def test_a_run_without_rounds_is_the_published_classifier_on_any_partition(
                                                         abs=1 / 360 + 1e-9)
     start = summary["head_init"]
     assert start["name"] == name and start["clients_sent"] == CLIENTS - summary["partition"]["num_empty"]
-    kind = "gram" if name == "ridge" else "class-sums"
+    kind = make_head_init(name).statistics
     assert start["statistics_bytes_per_client"] >= wire_bytes(kind, 10, 64)
     assert summary["setup"]["bytes_received"] > start["clients_sent"] * wire_bytes(kind, 10, 64)
 
@@ -247,3 +251,99 @@ def test_a_start_from_statistics_that_no_client_sent_is_refused(cache_dir):
         initial_head(config, make_head_init("ridge"), StatisticsSum(), cache)
     with pytest.raises(ValueError, match="needs the clients' statistics; none came"):
         make_head_init("ridge").build(None, 64, 10, 0, "ova")
+
+
+# ------------------------------------------------------------------------- FedCOF and Fed3R
+
+
+def gaussian_clients(rng, covariance, sizes):
+    """One class's rows on clients of `sizes` rows, every row from N(m, covariance)."""
+    mean = rng.normal(size=len(covariance))
+    rows = [rng.multivariate_normal(mean, covariance, size=n) for n in sizes]
+    return ClientSums(np.zeros(len(sizes), np.int64), np.array(sizes, np.float64),
+                      np.stack([r.sum(0) for r in rows]))
+
+
+def test_fedcofs_covariance_from_client_means_is_unbiased_on_gaussian_clients():
+    """The clients' means of n_k rows spread with covariance Σ / n_k: FedCOF's estimate, from
+    the means and counts alone, averages to Σ (dividing by K, not K - 1, would not)."""
+    from ovalp_flwr.core.head_init.fedcof import class_covariance
+
+    rng = np.random.default_rng(0)
+    root = rng.normal(size=(3, 3))
+    covariance = root @ root.T + np.eye(3)
+    sizes = [2, 3, 5, 8, 13, 4]
+    estimates = np.stack([class_covariance(gaussian_clients(rng, covariance, sizes), 0)
+                          for _ in range(4000)])
+    error = np.abs(estimates.mean(0) - covariance).max() / np.abs(covariance).max()
+    assert error < 0.03, error
+    biased = estimates.mean(0) * (len(sizes) - 1) / len(sizes)
+    assert np.abs(biased - covariance).max() / np.abs(covariance).max() > 0.1
+
+
+def test_with_a_row_per_client_fedcofs_gram_is_the_gram_without_the_between_class_scatter(digits):
+    """Each client holding one row of a class: its mean is the row, so the spread of the means
+    is each class's scatter exactly, and FedCOF's Ĝ (γ = 0) is XᵀX less Σ_c N_c(μ_c - ḡ)(μ_c - ḡ)ᵀ,
+    the between-class scatter its paper leaves out."""
+    from ovalp_flwr.core.head_init.fedcof import estimated_gram
+
+    x, y, _, _ = digits
+    x = x.astype(np.float64)
+    rows = ClientSums(y, np.ones(len(y)), x)
+    means, grand = np.stack([x[y == c].mean(0) for c in range(10)]), x.mean(0)
+    counts = np.bincount(y, minlength=10)
+    between = sum(counts[c] * np.outer(means[c] - grand, means[c] - grand) for c in range(10))
+    np.testing.assert_allclose(estimated_gram(rows, 10, 0.0), x.T @ x - between, atol=1e-6)
+    shrunk = estimated_gram(rows, 10, 0.5) - estimated_gram(rows, 10, 0.0)
+    np.testing.assert_allclose(shrunk, 0.5 * (len(y) - 10) * np.eye(64), atol=1e-6)
+
+
+def test_fedcofs_head_is_its_solution_on_the_clients_means_and_fed3rs_its_own_ridge(digits):
+    """FedCOF: W = Ĝ⁺S, unit rows, no bias, from each client's class sums (a partition's);
+    Fed3R: W = (XᵀX + 0.01 I)⁻¹ S, its absolute λ, unit rows, no bias."""
+    from ovalp_flwr.core.head_init.fedcof import estimated_gram
+
+    x, y, _, _ = digits
+    parts = [over_the_wire(statistics(x[rows], y[rows], False)) for rows in
+             partition_indices(PartitionSpec("bernoulli-dirichlet", seed=3), y, CLIENTS, x) if len(rows)]
+    stats = dataclasses.replace(ClassStatistics.merge(parts), clients=ClientSums.of_clients(parts))
+    weight, bias = make_head_init("fedcof", fedcof_shrinkage=1.0).linear_head(stats, 64, 10, 0)
+    direct = (np.linalg.pinv(estimated_gram(stats.clients, 10, 1.0)) @ stats.sums.T).T
+    np.testing.assert_allclose(weight, direct / np.linalg.norm(direct, axis=1, keepdims=True),
+                               atol=1e-6)
+    assert not bias.any()
+    weight, bias = make_head_init("fed3r").linear_head(statistics(x, y), 64, 10, 0)
+    x64 = x.astype(np.float64)
+    direct = np.linalg.solve(x64.T @ x64 + 0.01 * np.eye(64), x64.T @ np.eye(10)[y]).T
+    np.testing.assert_allclose(weight, direct / np.linalg.norm(direct, axis=1, keepdims=True),
+                               atol=1e-5)
+    assert not bias.any()
+    with pytest.raises(ValueError, match="needs each client's class sums"):
+        make_head_init("fedcof").linear_head(ClassStatistics.merge(parts), 64, 10, 0)
+
+
+@pytest.mark.parametrize("partition", ["iid", "shard"])
+def test_a_fedcof_run_builds_its_head_from_each_clients_means_at_fedncms_bytes(
+        cache_dir, tmp_path, digits, partition):
+    """Through the set-up exchange: the server keeps each client's class sums as they come, so
+    the run's start is FedCOF's on that partition's clients, at class-means' bytes."""
+    summary = run(cache_dir, tmp_path, partition=partition,
+                  **{"head-init": "fedcof", "num-server-rounds": 0})
+    x, y, test_x, test_y = digits
+    parts = [statistics(x[rows], y[rows], False) for rows in partition_indices(
+        PartitionSpec(partition, seed=0), y, CLIENTS, x) if len(rows)]
+    stats = dataclasses.replace(ClassStatistics.merge(parts), clients=ClientSums.of_clients(parts))
+    weight, bias = make_head_init("fedcof").linear_head(stats, 64, 10, 0)
+    expected = float(((test_x @ weight.T + bias).argmax(1) == test_y).mean())
+    assert summary["initial_accuracy"] == pytest.approx(expected, abs=1 / 360 + 1e-9)
+    assert summary["head_init"]["name"] == "fedcof"
+    assert summary["head_init"]["statistics_bytes_per_client"] < 1.2 * wire_bytes("class-sums", 10, 64)
+
+
+@pytest.mark.parametrize("option,said", [
+    ({"statistics-aggregation": "secagg+"}, "under statistics-aggregation='secagg+' the server sees only their sum"),
+    ({"robust-start": "screen"}, "use robust-start='none'"),
+    ({"dp-statistics-epsilon": 1.0}, "dp-statistics-epsilon noises only their sum")])
+def test_fedcof_is_refused_where_the_server_cannot_see_each_clients_means(option, said):
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        RunConfig.from_mapping({"head-init": "fedcof", **option})

@@ -11,7 +11,7 @@ HEADS = ("ova", "softmax")
 LOCAL_OPTIMIZERS = ("adamw", "sgd")
 EPOCH_SIZES = ("own-data", "equal-share", "own-data-equal-steps")
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
-HEAD_INITS = ("random", "zeros", "class-means", "ridge")  # ovalp_flwr.core.head_init
+HEAD_INITS = ("random", "zeros", "class-means", "fedcof", "fed3r", "ridge")  # core.head_init
 STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.federation.secure_sum
 # weight-decay "auto" (server L-BFGS): the path, strongest first, 2 a decade; it holds every
 # committed dataset's tuned value (0.01 to 0.001)
@@ -113,14 +113,23 @@ class StartOptions(Options):
 
     head_init: str = key(
         "ridge", "Where the heads start: `random` (torch's init: the recipe), "
-        "`zeros`, `class-means` (FedNCM) or `ridge` (Fed3R); the last two are built by the "
-        "server from the clients' summed statistics, and calibrated.", HEAD_INITS)
+        "`zeros`, `class-means` (FedNCM), `fedcof` (FedCOF: class covariances from how the "
+        "clients' class means spread, at FedNCM's bytes), `fed3r` (Fed3R as its code applies "
+        "it) or `ridge` (ours: Fed3R's regression with a bias and λ per sample); those from "
+        "statistics are built by the server from what the clients send once, and calibrated.",
+        HEAD_INITS)
     ridge_lambda: float | str = key(
         0.2, "The ridge start's L2 penalty per training sample (the system is "
         "X̃ᵀX̃ + nλI); Fed3R's published λ = 0.01 is 0.01 / n. `auto`: the penalty of a grid "
         "(1e-6 to 1e3, 4 a decade) whose start is the most accurate on the validation rows, "
         "all scored from one eigendecomposition ([Closed-form starts]"
         "(closed-form-starts.md#choosing-the-penalty-from-the-data)).")
+    fed3r_lambda: float = key(
+        0.01, "`fed3r`'s L2 penalty as Fed3R's code adds it, G + λI: absolute, whatever the "
+        "number of rows (its published 0.01).")
+    fedcof_shrinkage: float = key(
+        1.0, "`fedcof`'s γ: added to each class's estimated covariance, Σ̂_c + γI (FedCOF's "
+        "code's default 1).")
     statistics_aggregation: str = key(
         "plain", "How the server sums the clients' statistics: `plain`, as they come, "
         "or `secagg+`, under Flower's SecAgg+, which shows it only their sum.",
@@ -137,8 +146,31 @@ class StartOptions(Options):
         if self.ridge_lambda != "auto" and (isinstance(self.ridge_lambda, str)
                                             or not self.ridge_lambda > 0):
             raise ConfigError("ridge-lambda", self.ridge_lambda, 'use a value > 0 or "auto"')
+        positive("fed3r-lambda", self.fed3r_lambda)
+        if not self.fedcof_shrinkage >= 0:
+            raise ConfigError("fedcof-shrinkage", self.fedcof_shrinkage, "use a value >= 0")
         one_of("statistics-aggregation", self.statistics_aggregation, STATISTICS_AGGREGATIONS)
         share("secagg-dropouts", self.secagg_dropouts, 0, 1, high_open=True)
         if self.secagg_dropouts > 0 and self.statistics_aggregation != "secagg+":
             raise ConfigError("secagg-dropouts", self.secagg_dropouts, 'only the secure sum '
                               'tolerates drop-outs: use statistics-aggregation="secagg+", or 0')
+
+    def requires(self, config: Whole) -> None:
+        """FedCOF reads each client's own class means: a server that sees only their sum (SecAgg+),
+        noises only the sum (DP) or mends and drops clients' sums (a robust start) cannot build
+        it."""
+        if self.head_init != "fedcof":
+            return
+        if self.statistics_aggregation == "secagg+":
+            raise ConfigError("head-init", self.head_init, "FedCOF reads each client's class "
+                              "means, and under statistics-aggregation='secagg+' the server sees "
+                              "only their sum; use statistics-aggregation='plain', or "
+                              "class-means or ridge")
+        if config.dp_statistics_epsilon > 0:
+            raise ConfigError("head-init", self.head_init, "FedCOF reads each client's class "
+                              "means, and dp-statistics-epsilon noises only their sum; use "
+                              "dp-statistics-epsilon=0, or class-means or ridge")
+        if config.robust_start != "none":
+            raise ConfigError("head-init", self.head_init, "the robust starts check and mend "
+                              "the summed statistics, not the clients' means FedCOF reads; use "
+                              "robust-start='none', or class-means or ridge")

@@ -5,6 +5,7 @@ node that describes itself impossibly is left out, with a warning."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping
 from logging import WARNING
@@ -14,7 +15,8 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ovalp_flwr.core.head_init.leave_out import changed, without
-from ovalp_flwr.core.head_init.statistics import ClassStatistics, wire_bytes
+from ovalp_flwr.core.head_init.statistics import (ClassStatistics, ClientSums, held_rows,
+                                                   wire_bytes)
 from ovalp_flwr.core.normalize import (NEEDS_STATS, FeatureMoments, NormStats,
                                       standardized_totals)
 from ovalp_flwr.features.cache import CachedFeatures
@@ -37,8 +39,11 @@ class StatisticsSum:
     float64: the same additions `ClassStatistics.merge` makes on the full matrices, so the
     same bits, without unpacking a D x D matrix per client (10 ms each at D = 784)."""
 
-    def __init__(self, keep_parts: bool = False) -> None:
+    def __init__(self, keep_parts: bool = False, keep_client_sums: bool = False) -> None:
         self.parts: dict[int, dict[str, np.ndarray]] | None = {} if keep_parts else None
+        # FedCOF: each client's class sums, a row per class it holds (K·(D + 2) floats a client)
+        self._client_rows: list[tuple[int, float, np.ndarray]] | None = \
+            [] if keep_client_sums else None
         self._total: ClassStatistics | None = None
         self._packed: dict[str, np.ndarray] | None = None  # running float64 sums, wire form
         self.senders = 0
@@ -52,6 +57,9 @@ class StatisticsSum:
         """The sum so far (None before any client sent statistics)."""
         if self._total is None and self._packed is not None:
             self._total = ClassStatistics.from_arrays(self._packed)
+            if self._client_rows is not None:
+                self._total = dataclasses.replace(self._total, clients=ClientSums.of_rows(
+                    self._client_rows, self._packed["sums"].shape[1]))
         return self._total
 
     @total.setter
@@ -93,6 +101,8 @@ class StatisticsSum:
         part = p.from_record(record)
         if self.parts is not None:
             self.parts[node] = part
+        if self._client_rows is not None:
+            self._client_rows.extend(held_rows(part["counts"], part["sums"]))
         if self._packed is None:
             ClassStatistics.from_arrays(part)  # the first reply's shapes checked; later ones match them
             self._packed = {key: np.asarray(value, np.float64) for key, value in part.items()}

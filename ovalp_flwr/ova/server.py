@@ -74,11 +74,13 @@ class FeaturePath(RunPath):
         nodes = wait_for_nodes(grid)
         check_num_clients(len(nodes), len(cache.train.y))  # nodes with own data check theirs
         choosing_lambda = "ridge-lambda" in config.choices
-        init = make_head_init(config.head_init, AUTO_LAMBDA_FIRST if choosing_lambda
-                              else config.ridge_lambda)
+        init = make_head_init(config.head_init, ridge_lambda=AUTO_LAMBDA_FIRST if choosing_lambda
+                              else config.ridge_lambda, fed3r_lambda=config.fed3r_lambda,
+                              fedcof_shrinkage=config.fedcof_shrinkage)
         # the server's L-BFGS is preconditioned by the Gram matrix, whatever the start
         self.setup = setup = set_up(grid, nodes, config, cache,
-                                    "gram" if config.server_steps else init.statistics)
+                                    "gram" if config.server_steps else init.statistics,
+                                    keep_client_sums=init.keeps_client_sums)
         if config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
             # central DP adds the noise here; under SecAgg+ the clients added it (distributed DP)
             noisy = setup.statistics.total if setup.statistics.secure else \
@@ -164,11 +166,14 @@ class SetUp:
 
 
 def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeatures,
-           statistics_kind: str) -> SetUp:
+           statistics_kind: str, keep_client_sums: bool = False) -> SetUp:
     """describe, then set_norm; the start's statistics ride on the last of them (set_norm, or
     describe when the normalisation needs no global statistics), or come under SecAgg+ after
-    them (`statistics-aggregation = "secagg+"`)."""
-    costs, summed = SetupCosts(), StatisticsSum(keep_parts=config.robust_start != "none")
+    them (`statistics-aggregation = "secagg+"`). `keep_client_sums`: each client's class sums
+    kept besides their sum (FedCOF's start reads them)."""
+    costs = SetupCosts()
+    summed = StatisticsSum(keep_parts=config.robust_start != "none",
+                           keep_client_sums=keep_client_sums)
     request = statistics_request(statistics_kind, cache.num_classes)
     secure = config.statistics_aggregation == "secagg+" and bool(request)
     on_describe = not NEEDS_STATS[config.feature_norm] and not secure

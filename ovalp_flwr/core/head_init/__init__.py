@@ -2,31 +2,39 @@
 
 - `random`: torch's default init (the paper's); `zeros`;
 - `class-means`: FedNCM's class means;
-- `ridge`: Fed3R's closed-form ridge regression.
+- `fedcof`: FedCOF's head from the spread of the clients' class means (FedNCM's bytes);
+- `fed3r`: Fed3R's ridge regression, as its code applies it (its absolute λ, no bias);
+- `ridge`: ours, Fed3R's regression with a bias and λ per sample.
 
-The last two are built by the server from sums the clients send once (`statistics`) and
-calibrated for the run's loss (`calibration`). With `num-server-rounds = 0` the start is the
-whole run: FedNCM or Fed3R as published, with no gradient rounds.
+The starts from statistics are built by the server from sums the clients send once
+(`statistics`) and calibrated for the run's loss (`calibration`). With `num-server-rounds = 0`
+the start is the whole run: FedNCM, FedCOF or Fed3R as published, with no gradient rounds.
 """
 
 from __future__ import annotations
 
+import inspect
+
 from ovalp_flwr.core.head_init.base import Head, HeadInit, RandomInit, ZerosInit
 from ovalp_flwr.core.head_init.class_means import ClassMeansInit
+from ovalp_flwr.core.head_init.fed3r import Fed3RInit
+from ovalp_flwr.core.head_init.fedcof import FedCOFInit
 from ovalp_flwr.core.head_init.ridge import RidgeInit
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
 
-HEAD_INITS: dict[str, type[HeadInit]] = {
-    init.name: init for init in (RandomInit, ZerosInit, ClassMeansInit, RidgeInit)}
+HEAD_INITS: dict[str, type[HeadInit]] = {init.name: init for init in (
+    RandomInit, ZerosInit, ClassMeansInit, FedCOFInit, Fed3RInit, RidgeInit)}
 
 
-def make_head_init(name: str, ridge_lambda: float = 0.2) -> HeadInit:
-    """The start named by `head-init`, with its hyperparameters from the run config."""
+def make_head_init(name: str, **hyperparameters: float) -> HeadInit:
+    """The start named by `head-init`, given the hyperparameters its constructor names (of the
+    run config's, by their snake_case names: ridge_lambda, fed3r_lambda, fedcof_shrinkage); the
+    others are ignored."""
     if name not in HEAD_INITS:
         raise ValueError(f"head-init={name!r} is not allowed; choose one of: {', '.join(HEAD_INITS)}")
-    if HEAD_INITS[name] is RidgeInit:
-        return RidgeInit(ridge_lambda)
-    return HEAD_INITS[name]()
+    init = HEAD_INITS[name]
+    own = inspect.signature(init.__init__).parameters
+    return init(**{key: value for key, value in hyperparameters.items() if key in own})
 
 
 __all__ = ["HEAD_INITS", "ClassStatistics", "Head", "HeadInit", "make_head_init"]

@@ -22,6 +22,7 @@ class HeadInit:
 
     name: ClassVar[str]
     statistics: ClassVar[str] = "none"
+    keeps_client_sums: ClassVar[bool] = False  # each client's class sums kept too (FedCOF)
 
     def linear_head(self, stats: ClassStatistics | None, num_features: int, num_classes: int,
                     seed: int) -> Head:

@@ -29,7 +29,7 @@ class RidgeInit(HeadInit):
     name = "ridge"
     statistics = "gram"
 
-    def __init__(self, ridge_lambda: float) -> None:
+    def __init__(self, ridge_lambda: float = 0.2) -> None:  # the run config's default
         self.ridge_lambda = ridge_lambda
 
     def linear_head(self, stats, num_features, num_classes, seed) -> Head:

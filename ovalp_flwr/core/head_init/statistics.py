@@ -21,6 +21,37 @@ WIRE_DTYPE = np.float32
 
 
 @dataclass(frozen=True)
+class ClientSums:
+    """Each client's own per-class counts and feature sums, a row per (client, class it holds):
+    how far the clients' class means spread, which FedCOF reads the class covariances from.
+    The server keeps them as the plain replies come (`federation.setup.StatisticsSum`)."""
+
+    labels: np.ndarray  # int64 [P]: the class of each row
+    counts: np.ndarray  # float64 [P]: that client's samples of it (> 0)
+    sums: np.ndarray  # float64 [P, D]: their feature sum
+
+    @staticmethod
+    def of_rows(rows: list[tuple[int, float, np.ndarray]], num_features: int) -> "ClientSums":
+        """From (class, count, sum) rows (`held_rows`)."""
+        return ClientSums(np.array([c for c, _, _ in rows], np.int64),
+                          np.array([n for _, n, _ in rows], np.float64),
+                          np.array([s for _, _, s in rows], np.float64).reshape(len(rows),
+                                                                                num_features))
+
+    @staticmethod
+    def of_clients(parts: list["ClassStatistics"]) -> "ClientSums":
+        """The rows of clients' statistics: each client's classes it holds."""
+        return ClientSums.of_rows([row for part in parts for row in held_rows(part.counts, part.sums)],
+                                  parts[0].sums.shape[1])
+
+
+def held_rows(counts: np.ndarray, sums: np.ndarray) -> list[tuple[int, float, np.ndarray]]:
+    """One client's (class, count, feature sum) for each class it holds, in float64."""
+    return [(int(c), float(counts[c]), np.asarray(sums[c], np.float64))
+            for c in np.flatnonzero(counts > 0)]
+
+
+@dataclass(frozen=True)
 class ClassStatistics:
     """Per-class counts and feature sums, and optionally the Gram matrix, of some rows."""
 
@@ -28,6 +59,7 @@ class ClassStatistics:
     sums: np.ndarray  # float64 [K, D]: row c is the sum of class c's features
     square_norms: np.ndarray  # float64 [K]: sum of ||x||² over class c's rows
     gram: np.ndarray | None = None  # float64 [D, D], symmetric: XᵀX
+    clients: ClientSums | None = None  # each client's own class sums, where the server kept them
 
     @classmethod
     def of(cls, features: torch.Tensor, labels: torch.Tensor, num_classes: int,
