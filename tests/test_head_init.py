@@ -169,9 +169,9 @@ def test_the_score_model_has_the_exact_class_means_and_pooled_covariance(digits)
 def test_every_start_named_in_the_config_is_registered_and_bad_values_say_what_is_allowed():
     assert set(HEAD_INITS) == set(REGISTRY)
     with pytest.raises(ConfigError) as err:
-        RunConfig.from_mapping({"head-init": "lda"})
-    assert str(err.value) == ("run config: head-init='lda' is not allowed; choose one of: "
-                              "random, zeros, class-means, fedcof, fed3r, ridge")
+        RunConfig.from_mapping({"head-init": "qda"})
+    assert str(err.value) == ("run config: head-init='qda' is not allowed; choose one of: "
+                              "random, zeros, class-means, fedcof, fed3r, lda, ridge")
     with pytest.raises(ConfigError, match="ridge-lambda=0.0 is not allowed; use a value > 0"):
         RunConfig.from_mapping({"ridge-lambda": 0.0})
     with pytest.raises(ConfigError, match="num-server-rounds=-1 is not allowed"):
@@ -195,7 +195,7 @@ def centralised_accuracy(digits, name, **options):
     return float(((test_x @ weight.T + bias).argmax(1) == test_y).mean())
 
 
-@pytest.mark.parametrize("name", ["class-means", "fed3r", "ridge"])
+@pytest.mark.parametrize("name", ["class-means", "fed3r", "lda", "ridge"])
 @pytest.mark.parametrize("partition", ["shard", "bernoulli-dirichlet"])
 def test_a_run_without_rounds_is_the_published_classifier_on_any_partition(
         cache_dir, tmp_path, digits, name, partition):
@@ -347,3 +347,61 @@ def test_a_fedcof_run_builds_its_head_from_each_clients_means_at_fedncms_bytes(
 def test_fedcof_is_refused_where_the_server_cannot_see_each_clients_means(option, said):
     with pytest.raises(ConfigError, match=re.escape(said)):
         RunConfig.from_mapping({"head-init": "fedcof", **option})
+
+
+def test_gh_ofls_lda_is_scikit_learns_lda_on_the_pooled_rows_with_its_unbiased_covariance(digits):
+    """Unshrunk, GH-LDA is linear discriminant analysis: scikit-learn's (`lsqr`) on the pooled
+    rows, whose covariance divides the within-class scatter by N, where GH-OFL's code divides by
+    N - K (so its weights are (N - K) / N times sklearn's, and so is the quadratic part of its
+    biases). Its shrinkage pulls the covariance toward its mean variance."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    from ovalp_flwr.core.head_init.lda import MIN_EPS, pooled_covariance
+
+    x, y, test_x, _ = digits
+    x64 = x.astype(np.float64)
+    stats = statistics(x64, y)
+    weight, bias = make_head_init("lda", lda_shrinkage=0.0).linear_head(stats, 64, 10, 0)
+    sklearn = LinearDiscriminantAnalysis(solver="lsqr").fit(x64, y)
+    scale = (len(y) - 10) / len(y)
+    np.testing.assert_allclose(weight, scale * sklearn.coef_, rtol=1e-3, atol=1e-3 * np.abs(weight).max())
+    log_prior = np.log(np.bincount(y) / len(y))
+    np.testing.assert_allclose(bias, scale * (sklearn.intercept_ - log_prior) + log_prior,
+                               rtol=1e-3, atol=1e-3)
+    assert ((test_x @ weight.T + bias).argmax(1) == sklearn.predict(test_x)).mean() > 0.99
+    covariance = pooled_covariance(stats)
+    shrunk_weight, _ = make_head_init("lda", lda_shrinkage=0.3).linear_head(stats, 64, 10, 0)
+    shrunk = 0.7 * covariance + (0.3 * np.trace(covariance) / 64 + MIN_EPS) * np.eye(64)
+    np.testing.assert_allclose(shrunk_weight, np.linalg.solve(shrunk, stats.class_means.T).T,
+                               rtol=1e-6, atol=1e-8)
+
+
+def test_afls_absolute_aggregation_is_the_least_squares_solution_of_the_summed_statistics():
+    """AFL (Zhuang et al., 2024; its code's `aggregation` and `clean_regularization`): each
+    client solves its own ridge problem, the server merges the solutions two by two with the
+    absolute-aggregation law and removes the K·γ its sum carries. The result is the centralised
+    least-squares head (XᵀX)⁻¹XᵀY, on any partition: exactly what the federation's summed Gram
+    and class sums give (`fed3r` at λ → 0, before its unit rows), so no second copy is kept."""
+    rng = np.random.default_rng(1)
+    dim, classes, gamma = 8, 3, 1.0
+    clients = [(rng.normal(size=(n, dim)) + 0.3 * k, rng.integers(0, classes, size=n))
+               for k, n in enumerate((5, 40, 12, 30))]  # the first has fewer rows than D
+    local = []
+    for x, y in clients:
+        c = x.T @ x + gamma * np.eye(dim)
+        local.append((np.linalg.solve(c, x.T @ np.eye(classes)[y]), np.linalg.inv(c), c))
+    (w_t, _, c_t), rest = local[0], local[1:]
+    r_t = np.linalg.inv(c_t)
+    eye = np.eye(dim)
+    for w_k, r_k, c_k in rest:  # AFL's AA law, as its `aggregation` applies it
+        merged = np.linalg.inv(c_t + c_k)
+        w_t = (eye - r_t @ c_k + r_t @ c_k @ merged @ c_k) @ w_t + \
+              (eye - r_k @ c_t + r_k @ c_t @ merged @ c_t) @ w_k
+        c_t = c_t + c_k
+        r_t = np.linalg.inv(c_t)
+    carried = len(clients) * gamma
+    afl = w_t + carried * np.linalg.inv(c_t - carried * eye) @ w_t  # `clean_regularization`
+    summed = ClassStatistics.merge([ClassStatistics.of(torch.from_numpy(x), torch.from_numpy(y),
+                                                       classes, True) for x, y in clients])
+    np.testing.assert_allclose(afl, np.linalg.solve(summed.gram, summed.sums.T), rtol=1e-8,
+                               atol=1e-10)

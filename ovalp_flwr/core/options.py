@@ -11,7 +11,7 @@ HEADS = ("ova", "softmax")
 LOCAL_OPTIMIZERS = ("adamw", "sgd")
 EPOCH_SIZES = ("own-data", "equal-share", "own-data-equal-steps")
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
-HEAD_INITS = ("random", "zeros", "class-means", "fedcof", "fed3r", "ridge")  # core.head_init
+HEAD_INITS = ("random", "zeros", "class-means", "fedcof", "fed3r", "lda", "ridge")  # core.head_init
 STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.federation.secure_sum
 # weight-decay "auto" (server L-BFGS): the path, strongest first, 2 a decade; it holds every
 # committed dataset's tuned value (0.01 to 0.001)
@@ -115,7 +115,7 @@ class StartOptions(Options):
         "ridge", "Where the heads start: `random` (torch's init: the recipe), "
         "`zeros`, `class-means` (FedNCM), `fedcof` (FedCOF: class covariances from how the "
         "clients' class means spread, at FedNCM's bytes), `fed3r` (Fed3R as its code applies "
-        "it) or `ridge` (ours: Fed3R's regression with a bias and λ per sample); those from "
+        "it), `lda` (GH-OFL's LDA head: a pooled covariance, shrunk) or `ridge` (ours: Fed3R's regression with a bias and λ per sample); those from "
         "statistics are built by the server from what the clients send once, and calibrated.",
         HEAD_INITS)
     ridge_lambda: float | str = key(
@@ -130,6 +130,9 @@ class StartOptions(Options):
     fedcof_shrinkage: float = key(
         1.0, "`fedcof`'s γ: added to each class's estimated covariance, Σ̂_c + γI (FedCOF's "
         "code's default 1).")
+    lda_shrinkage: float = key(
+        0.05, "`lda`'s α: the pooled covariance shrunk toward its mean variance, "
+        "(1 − α)Σ + α(tr Σ / D)I (GH-OFL's `lda_shrink`, 0.05).")
     statistics_aggregation: str = key(
         "plain", "How the server sums the clients' statistics: `plain`, as they come, "
         "or `secagg+`, under Flower's SecAgg+, which shows it only their sum.",
@@ -149,6 +152,7 @@ class StartOptions(Options):
         positive("fed3r-lambda", self.fed3r_lambda)
         if not self.fedcof_shrinkage >= 0:
             raise ConfigError("fedcof-shrinkage", self.fedcof_shrinkage, "use a value >= 0")
+        share("lda-shrinkage", self.lda_shrinkage, 0, 1)
         one_of("statistics-aggregation", self.statistics_aggregation, STATISTICS_AGGREGATIONS)
         share("secagg-dropouts", self.secagg_dropouts, 0, 1, high_open=True)
         if self.secagg_dropouts > 0 and self.statistics_aggregation != "secagg+":

@@ -76,7 +76,8 @@ class FeaturePath(RunPath):
         choosing_lambda = "ridge-lambda" in config.choices
         init = make_head_init(config.head_init, ridge_lambda=AUTO_LAMBDA_FIRST if choosing_lambda
                               else config.ridge_lambda, fed3r_lambda=config.fed3r_lambda,
-                              fedcof_shrinkage=config.fedcof_shrinkage)
+                              fedcof_shrinkage=config.fedcof_shrinkage,
+                              lda_shrinkage=config.lda_shrinkage)
         # the server's L-BFGS is preconditioned by the Gram matrix, whatever the start
         self.setup = setup = set_up(grid, nodes, config, cache,
                                     "gram" if config.server_steps else init.statistics,
