@@ -285,9 +285,9 @@ def node_test_rows(data: NodeData, partition_id: int,
     cached = node_features(data.source)
     train = node_rows(data, partition_id, num_partitions).labels
     domains = cached.train.domain[all_partitions(data, num_partitions)[partition_id]]
-    return local_test_split(train, cached.test.y, np.bincount(cached.train.domain),
+    return local_test_split(train, cached.test.y, np.bincount(cached.train.domain),  # scores
                             np.random.default_rng([data.spec.seed, partition_id, 0x7E57]),
-                            cached.test.x, domains, cached.test.domain)
+                            cached.test.x, domains, cached.test.domain)  # scores
 
 
 def local_test_split(train_labels: np.ndarray, test_labels: np.ndarray,

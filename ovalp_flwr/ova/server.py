@@ -336,7 +336,8 @@ class FeatureEvaluator(CentralEvaluator):
         self.activation = config.adapter_activation
         super().__init__(config.num_server_rounds, config.stage_for_round,
                          torch.from_numpy(cache.test.y.astype(np.int64)).to(self.device),  # scores
-                         torch.from_numpy(cache.test.domain).to(self.device), cache.domain_names)
+                         torch.from_numpy(cache.test.domain).to(self.device),  # scores
+                         cache.domain_names)
 
     def _head(self, arrays: ArrayRecord) -> torch.nn.Module:
         return model_from_numpy(p.from_record(arrays), self.device, self.activation)
