@@ -15,7 +15,7 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ovalp_flwr.core.head_init.leave_out import changed, without
-from ovalp_flwr.core.head_init.statistics import (ClassStatistics, ClientSums, held_rows,
+from ovalp_flwr.core.head_init.statistics import (ClassStatistics, ClientSums, class_rows,
                                                    wire_bytes)
 from ovalp_flwr.core.normalize import (NEEDS_STATS, FeatureMoments, NormStats,
                                       standardized_totals)
@@ -102,7 +102,7 @@ class StatisticsSum:
         if self.parts is not None:
             self.parts[node] = part
         if self._client_rows is not None:
-            self._client_rows.extend(held_rows(part["counts"], part["sums"]))
+            self._client_rows.extend(class_rows(part["counts"], part["sums"]))
         if self._packed is None:
             ClassStatistics.from_arrays(part)  # the first reply's shapes checked; later ones match them
             self._packed = {key: np.asarray(value, np.float64) for key, value in part.items()}

@@ -32,7 +32,7 @@ class ClientSums:
 
     @staticmethod
     def of_rows(rows: list[tuple[int, float, np.ndarray]], num_features: int) -> "ClientSums":
-        """From (class, count, sum) rows (`held_rows`)."""
+        """From (class, count, sum) rows (`class_rows`)."""
         return ClientSums(np.array([c for c, _, _ in rows], np.int64),
                           np.array([n for _, n, _ in rows], np.float64),
                           np.array([s for _, _, s in rows], np.float64).reshape(len(rows),
@@ -41,11 +41,11 @@ class ClientSums:
     @staticmethod
     def of_clients(parts: list["ClassStatistics"]) -> "ClientSums":
         """The rows of clients' statistics: each client's classes it holds."""
-        return ClientSums.of_rows([row for part in parts for row in held_rows(part.counts, part.sums)],
+        return ClientSums.of_rows([row for part in parts for row in class_rows(part.counts, part.sums)],
                                   parts[0].sums.shape[1])
 
 
-def held_rows(counts: np.ndarray, sums: np.ndarray) -> list[tuple[int, float, np.ndarray]]:
+def class_rows(counts: np.ndarray, sums: np.ndarray) -> list[tuple[int, float, np.ndarray]]:
     """One client's (class, count, feature sum) for each class it holds, in float64."""
     return [(int(c), float(counts[c]), np.asarray(sums[c], np.float64))
             for c in np.flatnonzero(counts > 0)]
