@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import FunctionType
 from typing import Any
 
-from ovalp_flwr.core.options import StartOptions, TrainingOptions
+from ovalp_flwr.core.options import RIDGE_STARTS, StartOptions, TrainingOptions
 from ovalp_flwr.data.options import AUTO_VALIDATION_FRACTION, DataOptions, PartitionOptions
 from ovalp_flwr.federation.adversary.options import AttackOptions
 from ovalp_flwr.federation.aggregators.options import RobustOptions
@@ -235,7 +235,7 @@ def choices_made(values: Mapping[str, Any]) -> list[str]:
     if values.get("finetune", "none") != "none":
         return []
     made = ["robust-start"] if values.get("robust-start", "none") != "none" else []
-    if values.get("head-init") == "ridge" and values.get("ridge-lambda") == "auto":
+    if values.get("head-init") in RIDGE_STARTS and values.get("ridge-lambda") == "auto":
         made.append("ridge-lambda")
     if values.get("weight-decay") == "auto":
         made.append("weight-decay")

@@ -171,7 +171,9 @@ def test_every_start_named_in_the_config_is_registered_and_bad_values_say_what_i
     with pytest.raises(ConfigError) as err:
         RunConfig.from_mapping({"head-init": "qda"})
     assert str(err.value) == ("run config: head-init='qda' is not allowed; choose one of: "
-                              "random, zeros, class-means, fedcof, fed3r, lda, ridge")
+                              "random, zeros, class-means, fedcof, fed3r, lda, ridge, low-rank")
+    with pytest.raises(ConfigError, match="gram-rank=-1 is not allowed; use a whole number >= 0"):
+        RunConfig.from_mapping({"gram-rank": -1})
     with pytest.raises(ConfigError, match="ridge-lambda=0.0 is not allowed; use a value > 0"):
         RunConfig.from_mapping({"ridge-lambda": 0.0})
     with pytest.raises(ConfigError, match="num-server-rounds=-1 is not allowed"):
@@ -344,9 +346,11 @@ def test_a_fedcof_run_builds_its_head_from_each_clients_means_at_fedncms_bytes(
     ({"statistics-aggregation": "secagg+"}, "under statistics-aggregation='secagg+' the server sees only their sum"),
     ({"robust-start": "screen"}, "use robust-start='none'"),
     ({"dp-statistics-epsilon": 1.0}, "dp-statistics-epsilon noises only their sum")])
-def test_fedcof_is_refused_where_the_server_cannot_see_each_clients_means(option, said):
+@pytest.mark.parametrize("name", ["fedcof", "low-rank"])
+def test_starts_from_each_clients_statistics_are_refused_where_the_server_sees_only_sums(
+        name, option, said):
     with pytest.raises(ConfigError, match=re.escape(said)):
-        RunConfig.from_mapping({"head-init": "fedcof", **option})
+        RunConfig.from_mapping({"head-init": name, **option})
 
 
 def test_gh_ofls_lda_is_scikit_learns_lda_on_the_pooled_rows_with_its_unbiased_covariance(digits):
@@ -405,3 +409,73 @@ def test_afls_absolute_aggregation_is_the_least_squares_solution_of_the_summed_s
                                                        classes, True) for x, y in clients])
     np.testing.assert_allclose(afl, np.linalg.solve(summed.gram, summed.sums.T), rtol=1e-8,
                                atol=1e-10)
+
+
+# ------------------------------------------------------------------------- low-rank (ours)
+
+
+def low_rank(features, labels, rank):
+    return over_the_wire(ClassStatistics.of(torch.from_numpy(features), torch.from_numpy(labels),
+                                            10, False, rank))
+
+
+def within_class_scatter(features, labels):
+    rows, onehot = features.astype(np.float64), np.eye(10)[labels]
+    means = onehot.T @ rows / np.maximum(onehot.sum(0), 1)[:, None]
+    centred = rows - onehot @ means
+    return centred.T @ centred
+
+
+@pytest.mark.parametrize("rows", [40, 300])  # fewer rows than D = 64 (a thin SVD), more (eigh)
+def test_a_low_rank_factor_is_the_top_of_the_clients_within_class_scatter(digits, rows):
+    x, y, _, _ = digits
+    scatter = within_class_scatter(x[:rows], y[:rows])
+    eigenvalues, vectors = np.linalg.eigh(scatter)
+    top = (vectors[:, -5:] * eigenvalues[-5:]) @ vectors[:, -5:].T
+    factor = low_rank(x[:rows], y[:rows], 5).scatter_factor
+    assert factor.shape == (5, 64)
+    np.testing.assert_allclose(factor.T @ factor, top, atol=1e-4 * eigenvalues[-1])
+
+
+def test_a_low_rank_gram_is_exact_at_the_clients_rank_and_keeps_the_trace_below_it(digits):
+    """Between the classes (from the class sums) and along the r directions the estimate is
+    the client's Gram matrix; the rest of its trace, known from the square norms, is spread
+    evenly over the other directions."""
+    x, y, _, _ = digits
+    rows = x[:40].astype(np.float64)
+    exact = rows.T @ rows
+    np.testing.assert_allclose(low_rank(x[:40], y[:40], 40).gram_estimate(), exact,
+                               atol=1e-5 * np.abs(exact).max())
+    for rank in (0, 3, 10):
+        estimate = low_rank(x[:40], y[:40], rank).gram_estimate()
+        assert np.trace(estimate) == pytest.approx(np.trace(exact), rel=1e-5)
+        between = exact - within_class_scatter(x[:40], y[:40])
+        factor = low_rank(x[:40], y[:40], rank).scatter_factor
+        left = np.trace(exact - between) - (factor ** 2).sum()
+        if rank == 0:
+            np.testing.assert_allclose(estimate, between + left / 64 * np.eye(64),
+                                       atol=1e-5 * np.abs(exact).max())
+
+
+def test_low_rank_statistics_travel_at_their_bytes_and_refuse_a_factor_of_another_width():
+    arrays = low_rank(np.random.default_rng(0).normal(size=(30, 5)).astype(np.float32),
+                      np.arange(30) % 10, 2).to_arrays()
+    assert sum(a.nbytes for a in arrays.values()) == wire_bytes("low-rank", 10, 5, rank=2)
+    arrays["scatter-factor"] = np.zeros((2, 4), np.float32)
+    with pytest.raises(ValueError, match=re.escape("a scatter factor has shape (2, 4); "
+                                                   "expected [r, 5]")):
+        ClassStatistics.from_arrays(arrays)
+
+
+def test_a_low_rank_run_is_the_ridge_start_at_full_rank_and_close_to_it_at_a_tenth_of_the_bytes(
+        cache_dir, tmp_path):
+    """Through the set-up exchange: at r = D each client's Gram matrix is rebuilt exactly, so
+    the start is the ridge start; at r = 4 the clients send class sums and 4·D floats."""
+    ridge = run(cache_dir, tmp_path, partition="shard", **{"head-init": "ridge",
+                                                           "num-server-rounds": 0})
+    full, low = (run(cache_dir, tmp_path, partition="shard", **{
+        "head-init": "low-rank", "gram-rank": rank, "num-server-rounds": 0}) for rank in (64, 4))
+    assert full["initial_accuracy"] == pytest.approx(ridge["initial_accuracy"], abs=1 / 360 + 1e-9)
+    assert low["initial_accuracy"] > ridge["initial_accuracy"] - 0.05
+    sent = low["head_init"]["statistics_bytes_per_client"]
+    assert wire_bytes("low-rank", 10, 64, 4) <= sent < wire_bytes("gram", 10, 64)

@@ -11,7 +11,13 @@ HEADS = ("ova", "softmax")
 LOCAL_OPTIMIZERS = ("adamw", "sgd")
 EPOCH_SIZES = ("own-data", "equal-share", "own-data-equal-steps")
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
-HEAD_INITS = ("random", "zeros", "class-means", "fedcof", "fed3r", "lda", "ridge")  # core.head_init
+HEAD_INITS = ("random", "zeros", "class-means", "fedcof", "fed3r", "lda", "ridge",
+              "low-rank")  # core.head_init
+RIDGE_STARTS = ("ridge", "low-rank")  # the starts `ridge-lambda` (and its "auto") applies to
+# what each start that reads every client's own statistics cannot run under, and why
+PER_CLIENT_STARTS = {"fedcof": "FedCOF reads each client's class means",
+                     "low-rank": "low-rank estimates each client's Gram matrix from its own "
+                                 "statistics"}
 STATISTICS_AGGREGATIONS = ("plain", "secagg+")  # secagg+: ovalp_flwr.federation.secure_sum
 # weight-decay "auto" (server L-BFGS): the path, strongest first, 2 a decade; it holds every
 # committed dataset's tuned value (0.01 to 0.001)
@@ -115,11 +121,14 @@ class StartOptions(Options):
         "ridge", "Where the heads start: `random` (torch's init: the recipe), "
         "`zeros`, `class-means` (FedNCM), `fedcof` (FedCOF: class covariances from how the "
         "clients' class means spread, at FedNCM's bytes), `fed3r` (Fed3R as its code applies "
-        "it), `lda` (GH-OFL's LDA head: a pooled covariance, shrunk) or `ridge` (ours: Fed3R's regression with a bias and λ per sample); those from "
+        "it), `lda` (GH-OFL's LDA head: a pooled covariance, shrunk), `ridge` (ours: Fed3R's regression "
+        "with a bias and λ per sample) or `low-rank` (ours at a fraction of the Gram's bytes: "
+        "the ridge start on a Gram matrix estimated from each client's top `gram-rank` "
+        "scatter directions); those from "
         "statistics are built by the server from what the clients send once, and calibrated.",
         HEAD_INITS)
     ridge_lambda: float | str = key(
-        0.2, "The ridge start's L2 penalty per training sample (the system is "
+        0.2, "The ridge (and low-rank) start's L2 penalty per training sample (the system is "
         "X̃ᵀX̃ + nλI); Fed3R's published λ = 0.01 is 0.01 / n. `auto`: the penalty of a grid "
         "(1e-6 to 1e3, 4 a decade) whose start is the most accurate on the validation rows, "
         "all scored from one eigendecomposition ([Closed-form starts]"
@@ -130,6 +139,11 @@ class StartOptions(Options):
     fedcof_shrinkage: float = key(
         1.0, "`fedcof`'s γ: added to each class's estimated covariance, Σ̂_c + γI (FedCOF's "
         "code's default 1).")
+    gram_rank: int = key(
+        50, "`low-rank`'s r: the directions of its within-class scatter each client sends "
+        "besides its class sums, r·D floats (the Gram's D(D+1)/2 at r = (D+1)/2); the rest of "
+        "its Gram matrix is estimated from its square norms "
+        "([Closed-form starts](closed-form-starts.md#between-the-budgets-low-rank)).")
     lda_shrinkage: float = key(
         0.05, "`lda`'s α: the pooled covariance shrunk toward its mean variance, "
         "(1 − α)Σ + α(tr Σ / D)I (GH-OFL's `lda_shrink`, 0.05).")
@@ -153,6 +167,8 @@ class StartOptions(Options):
         if not self.fedcof_shrinkage >= 0:
             raise ConfigError("fedcof-shrinkage", self.fedcof_shrinkage, "use a value >= 0")
         share("lda-shrinkage", self.lda_shrinkage, 0, 1)
+        if self.gram_rank < 0:
+            raise ConfigError("gram-rank", self.gram_rank, "use a whole number >= 0")
         one_of("statistics-aggregation", self.statistics_aggregation, STATISTICS_AGGREGATIONS)
         share("secagg-dropouts", self.secagg_dropouts, 0, 1, high_open=True)
         if self.secagg_dropouts > 0 and self.statistics_aggregation != "secagg+":
@@ -160,21 +176,21 @@ class StartOptions(Options):
                               'tolerates drop-outs: use statistics-aggregation="secagg+", or 0')
 
     def requires(self, config: Whole) -> None:
-        """FedCOF reads each client's own class means: a server that sees only their sum (SecAgg+),
-        noises only the sum (DP) or mends and drops clients' sums (a robust start) cannot build
-        it."""
-        if self.head_init != "fedcof":
+        """FedCOF and low-rank read each client's own statistics: a server that sees only their
+        sum (SecAgg+), noises only the sum (DP) or mends and drops clients' sums (a robust
+        start) cannot build them."""
+        if self.head_init not in PER_CLIENT_STARTS:
             return
+        reads, instead = PER_CLIENT_STARTS[self.head_init], "or class-means or ridge"
         if self.statistics_aggregation == "secagg+":
-            raise ConfigError("head-init", self.head_init, "FedCOF reads each client's class "
-                              "means, and under statistics-aggregation='secagg+' the server sees "
-                              "only their sum; use statistics-aggregation='plain', or "
-                              "class-means or ridge")
+            raise ConfigError("head-init", self.head_init, f"{reads}, and under "
+                              "statistics-aggregation='secagg+' the server sees only their "
+                              f"sum; use statistics-aggregation='plain', {instead}")
         if config.dp_statistics_epsilon > 0:
-            raise ConfigError("head-init", self.head_init, "FedCOF reads each client's class "
-                              "means, and dp-statistics-epsilon noises only their sum; use "
-                              "dp-statistics-epsilon=0, or class-means or ridge")
+            raise ConfigError("head-init", self.head_init, f"{reads}, and "
+                              "dp-statistics-epsilon noises only their sum; use "
+                              f"dp-statistics-epsilon=0, {instead}")
         if config.robust_start != "none":
             raise ConfigError("head-init", self.head_init, "the robust starts check and mend "
-                              "the summed statistics, not the clients' means FedCOF reads; use "
-                              "robust-start='none', or class-means or ridge")
+                              f"the summed statistics, and {reads}; use "
+                              f"robust-start='none', {instead}")

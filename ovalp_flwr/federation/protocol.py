@@ -55,6 +55,7 @@ OWN_DATA = "own-data"  # 1: the node reads its own data dir / cache dir, not the
 FEATURE_SPACE = "feature-space"  # digest of encoder identity + label set (CachedFeatures)
 STATISTICS_KIND = "statistics-kind"  # what the server asks for: head_init.statistics.KINDS
 NUM_CLASSES = "num-classes"  # the server's label set size, for the statistics' shape
+GRAM_RANK = "gram-rank"  # low-rank statistics: the within-class scatter's directions a client sends
 CLIPPING_RANGE = "secagg-clipping-range"  # |per-sample statistic| SecAgg+ can carry
 NOISE_SHARES = "noise-shares"  # distributed DP: each client holding data adds 1/this of the noise
 SECAGG_CONFIGS = "secaggplus_configs"  # flwr...secaggplus_constants.RECORD_KEY_CONFIGS

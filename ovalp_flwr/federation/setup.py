@@ -16,7 +16,7 @@ from flwr.serverapp import Grid
 
 from ovalp_flwr.core.head_init.leave_out import changed, without
 from ovalp_flwr.core.head_init.statistics import (ClassStatistics, ClientSums, class_rows,
-                                                   wire_bytes)
+                                                   upper_mask, wire_bytes)
 from ovalp_flwr.core.normalize import (NEEDS_STATS, FeatureMoments, NormStats,
                                       standardized_totals)
 from ovalp_flwr.features.cache import CachedFeatures
@@ -98,7 +98,7 @@ class StatisticsSum:
         if p.STATISTICS not in content:
             return
         record = content[p.STATISTICS]
-        part = p.from_record(record)
+        part = with_gram_estimate(p.from_record(record))
         if self.parts is not None:
             self.parts[node] = part
         if self._client_rows is not None:
@@ -163,6 +163,18 @@ class KeptStatistics(Mapping[int, ClassStatistics]):
         return len(self._packed)
 
 
+def with_gram_estimate(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A low-rank reply in the Gram's wire form, its matrix estimated (`gram_estimate`, in
+    float64): from here it is summed, kept and checked as a Gram reply is."""
+    if "scatter-factor" not in part:
+        return part
+    stats = ClassStatistics.from_arrays(part)
+    gram = stats.gram_estimate()
+    arrays = {key: value for key, value in part.items() if key != "scatter-factor"}
+    arrays["gram-triu"] = gram[upper_mask(len(gram))]
+    return arrays
+
+
 def _check_like(part: dict[str, np.ndarray], total: dict[str, np.ndarray]) -> None:
     """A client's statistics must have the arrays and shapes of the first client's."""
     if set(part) != set(total):
@@ -184,7 +196,8 @@ def statistics_chunk(request: dict | None, cache: CachedFeatures | None,
     kind = str((request or {}).get(p.STATISTICS_KIND, "none"))
     if kind == "none" or cache is None:
         return None
-    per_node = wire_bytes(kind, int(request[p.NUM_CLASSES]), cache.train.x.shape[1])
+    per_node = wire_bytes(kind, int(request[p.NUM_CLASSES]), cache.train.x.shape[1],
+                          int(request.get(p.GRAM_RANK, 0)))
     return max(1, budget // per_node)
 
 
@@ -195,9 +208,12 @@ def _replies(grid: Grid, message_type: str, contents: dict[int, RecordDict],
         yield from replies.items()
 
 
-def statistics_request(kind: str, num_classes: int) -> dict:
+def statistics_request(kind: str, num_classes: int, gram_rank: int = 0) -> dict:
     """What the last set-up message asks each client to send for the heads' start."""
-    return {} if kind == "none" else {p.STATISTICS_KIND: kind, p.NUM_CLASSES: num_classes}
+    if kind == "none":
+        return {}
+    rank = {p.GRAM_RANK: gram_rank} if kind == "low-rank" else {}
+    return {p.STATISTICS_KIND: kind, p.NUM_CLASSES: num_classes, **rank}
 
 
 def describe_clients(grid: Grid, nodes: list[int], check_ids: bool = True,

@@ -122,6 +122,9 @@ def check_statistics(arrays: Mapping[str, np.ndarray], num_classes: int, num_fea
                 "square-norms": np.zeros(k, WIRE_DTYPE)}
     if "gram-triu" in arrays:
         expected["gram-triu"] = np.zeros(d * (d + 1) // 2, WIRE_DTYPE)
+    if "scatter-factor" in arrays:  # low-rank: [r, D], r as asked, at most D
+        rank = np.shape(arrays["scatter-factor"])[0] if np.ndim(arrays["scatter-factor"]) == 2 else 0
+        expected["scatter-factor"] = np.zeros((min(rank, d), d), WIRE_DTYPE)
     reason = check_arrays(arrays, expected, "statistics")
     if reason:
         return reason

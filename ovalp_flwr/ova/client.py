@@ -96,7 +96,8 @@ def client_statistics(privacy: PrivacyOptions, context: Context, request: Mappin
     features, labels = _device_rows(context, digest)
     if privacy.dp_statistics_epsilon > 0:  # the server's noise covers one clipped example
         features = clip_rows(features, privacy.dp_feature_clip)
-    return ClassStatistics.of(features, labels, int(request[p.NUM_CLASSES]), kind == "gram")
+    rank = int(request[p.GRAM_RANK]) if kind == "low-rank" else None
+    return ClassStatistics.of(features, labels, int(request[p.NUM_CLASSES]), kind == "gram", rank)
 
 
 def one_thread_mod(msg: Message, context: Context, call_next) -> Message:

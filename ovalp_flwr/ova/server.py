@@ -77,7 +77,7 @@ class FeaturePath(RunPath):
         init = make_head_init(config.head_init, ridge_lambda=AUTO_LAMBDA_FIRST if choosing_lambda
                               else config.ridge_lambda, fed3r_lambda=config.fed3r_lambda,
                               fedcof_shrinkage=config.fedcof_shrinkage,
-                              lda_shrinkage=config.lda_shrinkage)
+                              lda_shrinkage=config.lda_shrinkage, gram_rank=config.gram_rank)
         # the server's L-BFGS is preconditioned by the Gram matrix, whatever the start
         self.setup = setup = set_up(grid, nodes, config, cache,
                                     "gram" if config.server_steps else init.statistics,
@@ -92,7 +92,7 @@ class FeaturePath(RunPath):
         self.validation = validation = validation_rows(config, cache, setup.norm)
         chosen = {}
         if choosing_lambda:  # before the check (it scores starts at this penalty), and after it
-            init, chosen = chosen_penalty(setup.statistics, validation)
+            init, chosen = chosen_penalty(init, setup.statistics, validation)
         checked = checked_start(config.robustness, config.seed, config.feature_norm, init,
                                 setup.statistics, setup.clients, setup.norm,
                                 validation.features, validation.labels) \
@@ -100,7 +100,7 @@ class FeaturePath(RunPath):
         if choosing_lambda and (checked.get("left_out") or checked.get("screened_out")
                                 or checked.get("screen_repaired")):
             # chosen again on the sums kept
-            init, chosen = chosen_penalty(setup.statistics, validation)
+            init, chosen = chosen_penalty(init, setup.statistics, validation)
         initial, start = initial_head(config, init, setup.statistics, cache)
         start.update(checked)
         start.update(chosen)
@@ -175,7 +175,7 @@ def set_up(grid: Grid, nodes: list[int], config: RunConfig, cache: CachedFeature
     costs = SetupCosts()
     summed = StatisticsSum(keep_parts=config.robust_start != "none",
                            keep_client_sums=keep_client_sums)
-    request = statistics_request(statistics_kind, cache.num_classes)
+    request = statistics_request(statistics_kind, cache.num_classes, config.gram_rank)
     secure = config.statistics_aggregation == "secagg+" and bool(request)
     on_describe = not NEEDS_STATS[config.feature_norm] and not secure
     clients = describe_clients(grid, nodes, costs=costs, request=request if on_describe else {},
@@ -295,10 +295,10 @@ def validation_summary(config: RunConfig, rows: int, scored: dict[int, float],
             "best_val_round": best, "accuracy_at_best_val_round": test[best]}
 
 
-def chosen_penalty(summed: StatisticsSum, validation: ValidationRows | None
+def chosen_penalty(init: RidgeInit, summed: StatisticsSum, validation: ValidationRows | None
                    ) -> tuple[RidgeInit, dict]:
-    """`ridge-lambda = "auto"`: the ridge start at the penalty of the grid whose start scores
-    best on the validation rows; what `summary.json` says of the path."""
+    """`ridge-lambda = "auto"`: the ridge start (or low-rank's) at the penalty of the grid whose
+    start scores best on the validation rows; what `summary.json` says of the path."""
     assert validation is not None, "config validation: ridge-lambda auto needs validation rows"
     if summed.total is None:
         raise FederationError('ridge-lambda="auto": no client sent statistics (every client '
@@ -307,7 +307,7 @@ def chosen_penalty(summed: StatisticsSum, validation: ValidationRows | None
     path = lambda_path(summed.total, validation.features, validation.labels)
     say(INFO, "ridge-lambda auto: %.3g (validation accuracy %.4f; %d penalties in %.1f s)",
         path.chosen, max(path.accuracy), len(path.grid), time.perf_counter() - started)
-    return RidgeInit(path.chosen), {"ridge_lambda": path.chosen, "lambda_path": {
+    return init.at(path.chosen), {"ridge_lambda": path.chosen, "lambda_path": {
         "grid": list(path.grid), "val_accuracy": list(path.accuracy)}}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,12 @@ class RidgeInit(HeadInit):
 
     def __init__(self, ridge_lambda: float = 0.2) -> None:  # the run config's default
         self.ridge_lambda = ridge_lambda
+
+    def at(self, ridge_lambda: float) -> "RidgeInit":
+        """This start at another penalty (`ridge-lambda = "auto"` chooses one)."""
+        chosen = copy.copy(self)
+        chosen.ridge_lambda = ridge_lambda
+        return chosen
 
     def linear_head(self, stats, num_features, num_classes, seed) -> Head:
         system, targets = _system(stats)
