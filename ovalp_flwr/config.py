@@ -237,6 +237,8 @@ def choices_made(values: Mapping[str, Any]) -> list[str]:
     made = ["robust-start"] if values.get("robust-start", "none") != "none" else []
     if values.get("head-init") in RIDGE_STARTS and values.get("ridge-lambda") == "auto":
         made.append("ridge-lambda")
+    if values.get("head-init") == "auto":
+        made.append("head-init")
     if values.get("weight-decay") == "auto":
         made.append("weight-decay")
     return made

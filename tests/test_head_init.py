@@ -171,7 +171,7 @@ def test_every_start_named_in_the_config_is_registered_and_bad_values_say_what_i
     with pytest.raises(ConfigError) as err:
         RunConfig.from_mapping({"head-init": "qda"})
     assert str(err.value) == ("run config: head-init='qda' is not allowed; choose one of: "
-                              "random, zeros, class-means, fedcof, fed3r, lda, ridge, low-rank")
+                              "random, zeros, class-means, fedcof, fed3r, lda, ridge, low-rank, auto")
     with pytest.raises(ConfigError, match="gram-rank=-1 is not allowed; use a whole number >= 0"):
         RunConfig.from_mapping({"gram-rank": -1})
     with pytest.raises(ConfigError, match="ridge-lambda=0.0 is not allowed; use a value > 0"):
@@ -479,3 +479,40 @@ def test_a_low_rank_run_is_the_ridge_start_at_full_rank_and_close_to_it_at_a_ten
     assert low["initial_accuracy"] > ridge["initial_accuracy"] - 0.05
     sent = low["head_init"]["statistics_bytes_per_client"]
     assert wire_bytes("low-rank", 10, 64, 4) <= sent < wire_bytes("gram", 10, 64)
+
+
+# ------------------------------------------------------------------- auto (ours, chosen)
+
+
+def test_the_auto_start_is_the_ridge_or_lda_head_most_accurate_on_the_validation_rows(digits):
+    from ovalp_flwr.core.head_init.chosen import LDA_GRID, choose_head
+    from ovalp_flwr.core.head_init.ridge import LAMBDA_GRID
+
+    x, y, _, _ = digits
+    train, held = np.arange(len(y)) % 5 != 0, np.arange(len(y)) % 5 == 0
+    stats = statistics(x[train], y[train])
+
+    def accuracy(name, **options):
+        weight, bias = make_head_init(name, **options).linear_head(stats, 64, 10, 0)
+        return float(((x[held] @ weight.T + bias).argmax(1) == y[held]).mean())
+
+    candidates = {("ridge", lam): accuracy("ridge", ridge_lambda=lam) for lam in LAMBDA_GRID}
+    candidates |= {("lda", a): accuracy("lda", lda_shrinkage=a) for a in LDA_GRID}
+    init, info = choose_head(stats, x[held], y[held])
+    value = info["ridge_lambda"] if init.name == "ridge" else info["lda_shrinkage"]
+    assert info["chosen_val_accuracy"] == pytest.approx(max(candidates.values()))
+    assert candidates[(init.name, value)] == pytest.approx(max(candidates.values()))
+    assert info["lda_path"]["val_accuracy"] == pytest.approx([candidates[("lda", a)] for a in LDA_GRID])
+    with pytest.raises(ValueError, match="builds the head choose_head picks"):
+        make_head_init("auto").linear_head(stats, 64, 10, 0)
+
+
+def test_an_auto_run_holds_rows_back_and_starts_from_the_head_they_chose(cache_dir, tmp_path, digits):
+    assert RunConfig.from_mapping({"head-init": "auto"}).choices == ("head-init",)
+    summary = run(cache_dir, tmp_path, partition="shard",
+                  **{"head-init": "auto", "num-server-rounds": 0})
+    start = summary["head_init"]
+    assert start["name"] == start["chosen_head"] in ("ridge", "lda")
+    assert summary["validation"]["rows"] > 0
+    assert start["chosen_val_accuracy"] == max(start["lambda_path"]["val_accuracy"]
+                                               + start["lda_path"]["val_accuracy"])

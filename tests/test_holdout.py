@@ -185,3 +185,13 @@ def test_permuting_the_test_labels_changes_no_choice_a_run_makes(cache_dir, tmp_
     assert walked["weight_decay_path"] == shuffled["weight_decay_path"]
     assert len(walked["weight_decay_path"]["val_accuracy"]) >= 3  # a walk, not one value
     assert walked["final_accuracy"] != shuffled["final_accuracy"]
+
+    def head(name):  # head-init "auto": the ridge or LDA head the validation rows prefer
+        return read_summary(run_local({**options, "attack": "none", "robust-start": "none",
+                                       "head-init": "auto", "run-name": name}, 10))
+    shuffled = head("head-shuffled")
+    monkeypatch.undo()
+    chosen = head("head")
+    assert chosen["head_init"]["lda_path"] == shuffled["head_init"]["lda_path"]
+    assert chosen["head_init"]["chosen_head"] == shuffled["head_init"]["chosen_head"]
+    assert chosen["initial_accuracy"] != shuffled["initial_accuracy"]

@@ -12,7 +12,7 @@ LOCAL_OPTIMIZERS = ("adamw", "sgd")
 EPOCH_SIZES = ("own-data", "equal-share", "own-data-equal-steps")
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "none")  # ovalp_flwr.core.model
 HEAD_INITS = ("random", "zeros", "class-means", "fedcof", "fed3r", "lda", "ridge",
-              "low-rank")  # core.head_init
+              "low-rank", "auto")  # core.head_init
 RIDGE_STARTS = ("ridge", "low-rank")  # the starts `ridge-lambda` (and its "auto") applies to
 # what each start that reads every client's own statistics cannot run under, and why
 PER_CLIENT_STARTS = {"fedcof": "FedCOF reads each client's class means",
@@ -124,7 +124,8 @@ class StartOptions(Options):
         "it), `lda` (GH-OFL's LDA head: a pooled covariance, shrunk), `ridge` (ours: Fed3R's regression "
         "with a bias and λ per sample) or `low-rank` (ours at a fraction of the Gram's bytes: "
         "the ridge start on a Gram matrix estimated from each client's top `gram-rank` "
-        "scatter directions); those from "
+        "scatter directions) or `auto` (ours at the Gram's bytes: the ridge or LDA head most "
+        "accurate on the validation rows, each along its penalty's path); those from "
         "statistics are built by the server from what the clients send once, and calibrated.",
         HEAD_INITS)
     ridge_lambda: float | str = key(

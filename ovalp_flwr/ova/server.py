@@ -32,7 +32,8 @@ from flwr.serverapp import Grid
 from ovalp_flwr.config import RunConfig, check_num_clients
 from ovalp_flwr.core.devices import resolve_device
 from ovalp_flwr.core.head_init import HeadInit, make_head_init
-from ovalp_flwr.core.head_init.ridge import RidgeInit, lambda_path
+from ovalp_flwr.core.head_init.chosen import ChosenInit, choose_head
+from ovalp_flwr.core.head_init.ridge import lambda_path
 from ovalp_flwr.core.model import initial_adapter, model_from_numpy
 from ovalp_flwr.core.normalize import NEEDS_STATS, NormStats, normalize
 from ovalp_flwr.data.partition import PartitionSummary
@@ -73,8 +74,8 @@ class FeaturePath(RunPath):
             data_dir=config.data_dir or None, device=config.device, **config.cache_options())
         nodes = wait_for_nodes(grid)
         check_num_clients(len(nodes), len(cache.train.y))  # nodes with own data check theirs
-        choosing_lambda = "ridge-lambda" in config.choices
-        init = make_head_init(config.head_init, ridge_lambda=AUTO_LAMBDA_FIRST if choosing_lambda
+        choosing = "ridge-lambda" in config.choices or "head-init" in config.choices
+        init = make_head_init(config.head_init, ridge_lambda=AUTO_LAMBDA_FIRST if choosing
                               else config.ridge_lambda, fed3r_lambda=config.fed3r_lambda,
                               fedcof_shrinkage=config.fedcof_shrinkage,
                               lda_shrinkage=config.lda_shrinkage, gram_rank=config.gram_rank)
@@ -90,17 +91,17 @@ class FeaturePath(RunPath):
             setup.statistics.total = postprocessed(noisy, statistics_noise(config.privacy),
                                                    config.dp_feature_clip)
         self.validation = validation = validation_rows(config, cache, setup.norm)
-        chosen = {}
-        if choosing_lambda:  # before the check (it scores starts at this penalty), and after it
-            init, chosen = chosen_penalty(init, setup.statistics, validation)
+        chosen, requested = {}, init
+        if choosing:  # before the check (it scores starts at this penalty), and after it
+            init, chosen = chosen_start(init, setup.statistics, validation)
         checked = checked_start(config.robustness, config.seed, config.feature_norm, init,
                                 setup.statistics, setup.clients, setup.norm,
                                 validation.features, validation.labels) \
             if config.robust_start != "none" else {}
-        if choosing_lambda and (checked.get("left_out") or checked.get("screened_out")
-                                or checked.get("screen_repaired")):
+        if choosing and (checked.get("left_out") or checked.get("screened_out")
+                         or checked.get("screen_repaired")):
             # chosen again on the sums kept
-            init, chosen = chosen_penalty(init, setup.statistics, validation)
+            init, chosen = chosen_start(requested, setup.statistics, validation)
         initial, start = initial_head(config, init, setup.statistics, cache)
         start.update(checked)
         start.update(chosen)
@@ -295,15 +296,22 @@ def validation_summary(config: RunConfig, rows: int, scored: dict[int, float],
             "best_val_round": best, "accuracy_at_best_val_round": test[best]}
 
 
-def chosen_penalty(init: RidgeInit, summed: StatisticsSum, validation: ValidationRows | None
-                   ) -> tuple[RidgeInit, dict]:
+def chosen_start(init: HeadInit, summed: StatisticsSum, validation: ValidationRows | None
+                 ) -> tuple[HeadInit, dict]:
     """`ridge-lambda = "auto"`: the ridge start (or low-rank's) at the penalty of the grid whose
-    start scores best on the validation rows; what `summary.json` says of the path."""
-    assert validation is not None, "config validation: ridge-lambda auto needs validation rows"
+    start scores best on the validation rows; `head-init = "auto"`: the ridge or LDA head that
+    does (`choose_head`). What `summary.json` says of the choice with it."""
+    assert validation is not None, "config validation: a start chosen needs validation rows"
     if summed.total is None:
-        raise FederationError('ridge-lambda="auto": no client sent statistics (every client '
-                              "is empty)")
+        raise FederationError(f"head-init={init.name!r}: no client sent statistics to choose "
+                              "the start from (every client is empty)")
     started = time.perf_counter()
+    if isinstance(init, ChosenInit):
+        chosen, info = choose_head(summed.total, validation.features, validation.labels)
+        say(INFO, "head-init auto: %s (validation accuracy %.4f; %d candidates in %.1f s)",
+            chosen.name, info["chosen_val_accuracy"], len(info["lambda_path"]["grid"])
+            + len(info["lda_path"]["grid"]), time.perf_counter() - started)
+        return chosen, info
     path = lambda_path(summed.total, validation.features, validation.labels)
     say(INFO, "ridge-lambda auto: %.3g (validation accuracy %.4f; %d penalties in %.1f s)",
         path.chosen, max(path.accuracy), len(path.grid), time.perf_counter() - started)

@@ -6,7 +6,8 @@
 - `fed3r`: Fed3R's ridge regression, as its code applies it (its absolute λ, no bias);
 - `lda`: GH-OFL's closed-form LDA head (pooled covariance, shrunk; the Gram's bytes);
 - `ridge`: ours, Fed3R's regression with a bias and λ per sample;
-- `low-rank`: ours between the budgets, `ridge` on a Gram matrix each client sends in low rank.
+- `low-rank`: ours between the budgets, `ridge` on a Gram matrix each client sends in low rank;
+- `auto`: ours at the Gram's bytes, ridge or LDA, whichever the validation rows prefer.
 
 The starts from statistics are built by the server from sums the clients send once
 (`statistics`) and calibrated for the run's loss (`calibration`). With `num-server-rounds = 0`
@@ -18,6 +19,7 @@ from __future__ import annotations
 import inspect
 
 from ovalp_flwr.core.head_init.base import Head, HeadInit, RandomInit, ZerosInit
+from ovalp_flwr.core.head_init.chosen import ChosenInit
 from ovalp_flwr.core.head_init.class_means import ClassMeansInit
 from ovalp_flwr.core.head_init.fed3r import Fed3RInit
 from ovalp_flwr.core.head_init.fedcof import FedCOFInit
@@ -28,7 +30,7 @@ from ovalp_flwr.core.head_init.statistics import ClassStatistics
 
 HEAD_INITS: dict[str, type[HeadInit]] = {init.name: init for init in (
     RandomInit, ZerosInit, ClassMeansInit, FedCOFInit, Fed3RInit, LDAInit, RidgeInit,
-    LowRankInit)}
+    LowRankInit, ChosenInit)}
 
 
 def make_head_init(name: str, **hyperparameters: float) -> HeadInit:
