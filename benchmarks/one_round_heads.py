@@ -1,13 +1,14 @@
 """The one-round heads of docs/closed-form-starts.md, from the presets' run folders: each head
 alone (round 0, the start), after round 1 and after the last of OvA-LP's rounds from it where
 the preset has rounds, and the bytes one client sends for it; mean ± std over the seeds found
-(runs not yet made are left out, and counted). `--front`: the front over both presets, one
+(runs not yet made are left out, and counted); rounds 1, 5 and the last where there are. `--front`: the front over both presets, one
 row per (dataset, head): its bytes, its accuracy on our partitions and on FedCOF's protocol,
 its share of the dataset's centralised ceiling, and whether it is the most accurate head at
 its budget; and the plot of it (benchmarks/results/one_round_heads_front.png).
 
     python benchmarks/one_round_heads.py conf/one-round-heads-digits.toml
     python benchmarks/one_round_heads.py conf/one-round-heads.toml
+    python benchmarks/one_round_heads.py conf/one-round-heads-rounds.toml
     python benchmarks/one_round_heads.py --front
 """
 
@@ -55,14 +56,14 @@ def mean_std(values: list[float]) -> str:
 
 def table(preset_path: Path, results_root: Path = ROOT / "results") -> str:
     axes, found = cells(preset_path, results_root)
-    rounds = any(summary["rounds"] for runs in found.values() for summary in runs)
-    scores = ["round 0 (the head) (%)", *(["round 1 (%)", "last round (%)"] if rounds else [])]
+    last = max((len(summary["rounds"]) for runs in found.values() for summary in runs), default=0)
+    shown = [r for r in (1, 5) if r < last] + ([last] if last else [])
+    scores = ["round 0 (the head) (%)", *(f"round {r} (%)" for r in shown)]
     lines = ["| " + " | ".join([*axes, *scores, "kB a client sends for it", "seeds"]) + " |",
              "|" + "---|" * len(axes) + "---:|" * (len(scores) + 2)]
     for choices, runs in found.items():
-        values = [[r["initial_accuracy"] for r in runs]]
-        if rounds:
-            values += [[r["rounds"][0]["accuracy"] for r in runs], [r["final_accuracy"] for r in runs]]
+        values = [[r["initial_accuracy"] for r in runs],
+                  *([r["rounds"][n - 1]["accuracy"] for r in runs] for n in shown)]
         sent = np.mean([r["head_init"]["statistics_bytes_per_client"] for r in runs]) / 1e3
         lines.append("| " + " | ".join([*choices, *map(mean_std, values), f"{sent:,.1f}",
                                         str(len(runs))]) + " |")

@@ -79,12 +79,13 @@ def test_every_shipped_preset_loads_and_validates_every_run():
             assert preset.num_supernodes == 100 or (
                 preset.name == f"privacy-{preset.num_supernodes}"
                 and preset.config["fraction-train"] < 1)
-        elif any(s.run_config.get("head-init") in ("fedcof", "fed3r", "lda") for s in preset.runs()):
+        elif preset.name.startswith("one-round-heads"):
             # today's one-round heads beside ours (issue 58): three seeds, 100 clients, FedCOF's
-            # protocol among the partitions; the heads alone, or 5 rounds from them (digits)
+            # protocol among the partitions; the heads alone, or 5 (digits) or 20 rounds from them
             assert preset.seeds == PAPER_SEEDS[:3] and preset.num_supernodes == 100
             assert "flwr:DirichletPartitioner" in partitions
-            assert preset.config["num-server-rounds"] in (0, 5)
+            assert preset.config["num-server-rounds"] in (0, 5, 20)
+            assert {"fedcof", "fed3r", "lda"} <= {s.run_config.get("head-init") for s in preset.runs()}
         else:  # the OvA-LP paper's
             assert preset.seeds == PAPER_SEEDS and preset.num_supernodes == 100
             assert preset.config["num-server-rounds"] == 50
