@@ -3,8 +3,9 @@ alone (round 0, the start), after round 1 and after the last of OvA-LP's rounds 
 the preset has rounds, and the bytes one client sends for it; mean ± std over the seeds found
 (runs not yet made are left out, and counted); rounds 1, 5 and the last where there are. `--front`: the front over both presets, one
 row per (dataset, head): its bytes, its accuracy on our partitions and on FedCOF's protocol,
-its share of the dataset's centralised ceiling, and whether it is the most accurate head at
-its budget; and the plot of it (benchmarks/results/one_round_heads_front.png).
+its share of the dataset's centralised ceiling, whether it is the most accurate head at its
+budget, and the median wall time of its run (set-up and head, 100 clients in one process); the README's table of the best head at each budget; and the plot of it
+(benchmarks/results/one_round_heads_front.png).
 
     python benchmarks/one_round_heads.py conf/one-round-heads-digits.toml
     python benchmarks/one_round_heads.py conf/one-round-heads.toml
@@ -80,6 +81,7 @@ class Head:
     dataset: str
     method: str
     kilobytes: float = 0.0
+    seconds: list[float] = field(default_factory=list)  # the whole run's (set-up and head)
     ours: list[float] = field(default_factory=list)
     theirs: list[float] = field(default_factory=list)
     seeds: set[int] = field(default_factory=set)
@@ -98,6 +100,7 @@ def heads(presets=PRESETS, results_root: Path = ROOT / "results") -> list[Head]:
             dataset, method = spec.run_config["dataset"], spec.choice("method")
             head = found.setdefault((dataset, method), Head(dataset, method))
             head.kilobytes = summary["head_init"]["statistics_bytes_per_client"] / 1e3
+            head.seconds.append(summary["total_seconds"])
             scores = head.theirs if spec.choice("partition") == THEIR_PROTOCOL else head.ours
             scores.append(summary["initial_accuracy"])
             head.seeds.add(spec.seed)
@@ -116,15 +119,50 @@ def encoder_of(dataset: str) -> str:
 
 def front_table(found: list[Head]) -> str:
     lines = ["| dataset | head | kB a client | our partitions (%): mean, worst | FedCOF's "
-             "protocol (%) | of the ceiling | best at its bytes | seeds |",
-             "|---|---|---:|---:|---:|---:|:---:|---:|"]
+             "protocol (%) | of the ceiling | best at its bytes | run (s) | seeds |",
+             "|---|---|---:|---:|---:|---:|:---:|---:|---:|"]
     for head in found:
         top = ceiling(head.dataset, encoder_of(head.dataset))
         theirs = mean_std(head.theirs) if head.theirs else "–"
         lines.append(f"| {head.dataset} | {HEADS[head.method]} | {head.kilobytes:,.1f} | "
                      f"{100 * np.mean(head.ours):.2f}, {100 * min(head.ours):.2f} | {theirs} | "
                      f"{np.mean(head.ours) / top:.1%} | {'✓' if on_front(head, found) else ''} | "
-                     f"{len(head.seeds)} |")
+                     f"{np.median(head.seconds):.0f} | {len(head.seeds)} |")
+    return "\n".join(lines)
+
+
+TIERS = {"class means": ("fedncm", "fedcof"), "+ 10 directions": ("low-rank-10",),
+         "+ 50 directions": ("low-rank-50",),
+         "the Gram": ("fed3r", "lda", "ridge", "ridge-auto", "auto")}
+SHORT = {"fedncm": "FedNCM", "fedcof": "FedCOF", "fed3r": "Fed3R", "lda": "GH-OFL LDA",
+         "low-rank-10": "ours", "low-rank-50": "ours", "ridge": "ours (ridge)",
+         "ridge-auto": "ours (ridge, λ on validation)", "auto": "ours (auto)"}
+
+
+def budget_table(found: list[Head]) -> str:
+    """The README's: per dataset and budget, the most accurate head on our partitions (mean
+    over partitions and seeds), and the best of the others' where it is ours."""
+    lines = ["| dataset | " + " | ".join(TIERS) + " |", "|---|" + "---|" * len(TIERS)]
+    for dataset in DATASETS:
+        mine = {h.method: h for h in found if h.dataset == dataset}
+        if not mine:
+            continue
+        row = []
+        for methods in TIERS.values():
+            here = [mine[m] for m in methods if m in mine]
+            if not here:
+                row.append("–")
+                continue
+            best = max(here, key=lambda h: np.mean(h.ours))
+            cell = f"{SHORT[best.method]} {100 * np.mean(best.ours):.2f}"
+            theirs = [h for h in here if h.method not in OURS]
+            if best.method in OURS:
+                cell = f"**{cell}**"
+                if theirs:
+                    rival = max(theirs, key=lambda h: np.mean(h.ours))
+                    cell += f" ({SHORT[rival.method]} {100 * np.mean(rival.ours):.2f})"
+            row.append(cell)
+        lines.append(f"| {dataset} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -162,6 +200,6 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--front"]:
         found = heads()
         FRONT_PLOT.write_bytes(front_plot(found))
-        print(front_table(found))
+        print(front_table(found), budget_table(found), sep="\n\n")
     else:
         print(table(Path(sys.argv[1] if len(sys.argv) > 1 else "conf/one-round-heads-digits.toml")))
