@@ -71,6 +71,40 @@ def table(preset_path: Path, results_root: Path = ROOT / "results") -> str:
     return "\n".join(lines)
 
 
+def accuracy_at(summary: dict, round_number: int) -> float:
+    return summary["initial_accuracy"] if round_number == 0 else \
+        summary["rounds"][round_number - 1]["accuracy"]
+
+
+def wide_table(preset_path: Path, rounds: tuple[int, ...] = (0,),
+               results_root: Path = ROOT / "results") -> str:
+    """One row per (dataset, method), one column per partition: the head (round 0) as mean ±
+    std over the seeds, or with more rounds their means joined by arrows (round 0 → 1 → …)."""
+    axes, found = cells(preset_path, results_root)
+    where = axes.index("partition")
+    partitions = list(dict.fromkeys(choices[where] for choices in found))
+    rows: dict[tuple, dict[str, list[dict]]] = defaultdict(dict)
+    for choices, runs in found.items():
+        rows[choices[:where] + choices[where + 1:]][choices[where]] = runs
+    names = [a for a in axes if a != "partition"]
+    what = "the head (%)" if rounds == (0,) else " → ".join(f"r{r}" for r in rounds) + " (%)"
+    lines = [f"| {' | '.join(names)} | " + " | ".join(f"{p}: {what}" for p in partitions)
+             + " | kB a client | seeds |", "|" + "---|" * len(names)
+             + "---:|" * (len(partitions) + 2)]
+    for key, by_partition in rows.items():
+        runs = [r for runs in by_partition.values() for r in runs]
+        cells_ = []
+        for partition in partitions:
+            here = by_partition.get(partition, [])
+            scores = [[accuracy_at(r, n) for r in here] for n in rounds]
+            cells_.append("–" if not here else mean_std(scores[0]) if rounds == (0,)
+                          else " → ".join(f"{100 * np.mean(s):.2f}" for s in scores))
+        sent = runs[0]["head_init"]["statistics_bytes_per_client"] / 1e3
+        seeds = min(len(v) for v in by_partition.values())
+        lines.append(f"| {' | '.join(key)} | " + " | ".join(cells_) + f" | {sent:,.1f} | {seeds} |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------ the front
 
 
@@ -82,6 +116,7 @@ class Head:
     method: str
     kilobytes: float = 0.0
     seconds: list[float] = field(default_factory=list)  # the whole run's (set-up and head)
+    server_seconds: list[float] = field(default_factory=list)  # the server's, for the head
     ours: list[float] = field(default_factory=list)
     theirs: list[float] = field(default_factory=list)
     seeds: set[int] = field(default_factory=set)
@@ -101,6 +136,7 @@ def heads(presets=PRESETS, results_root: Path = ROOT / "results") -> list[Head]:
             head = found.setdefault((dataset, method), Head(dataset, method))
             head.kilobytes = summary["head_init"]["statistics_bytes_per_client"] / 1e3
             head.seconds.append(summary["total_seconds"])
+            head.server_seconds.append(summary["head_init"]["server_seconds"])
             scores = head.theirs if spec.choice("partition") == THEIR_PROTOCOL else head.ours
             scores.append(summary["initial_accuracy"])
             head.seeds.add(spec.seed)
@@ -119,15 +155,16 @@ def encoder_of(dataset: str) -> str:
 
 def front_table(found: list[Head]) -> str:
     lines = ["| dataset | head | kB a client | our partitions (%): mean, worst | FedCOF's "
-             "protocol (%) | of the ceiling | best at its bytes | run (s) | seeds |",
-             "|---|---|---:|---:|---:|---:|:---:|---:|---:|"]
+             "protocol (%) | of the ceiling | best at its bytes | server (s) | run (s) | seeds |",
+             "|---|---|---:|---:|---:|---:|:---:|---:|---:|---:|"]
     for head in found:
         top = ceiling(head.dataset, encoder_of(head.dataset))
         theirs = mean_std(head.theirs) if head.theirs else "–"
         lines.append(f"| {head.dataset} | {HEADS[head.method]} | {head.kilobytes:,.1f} | "
                      f"{100 * np.mean(head.ours):.2f}, {100 * min(head.ours):.2f} | {theirs} | "
                      f"{np.mean(head.ours) / top:.1%} | {'✓' if on_front(head, found) else ''} | "
-                     f"{np.median(head.seconds):.0f} | {len(head.seeds)} |")
+                     f"{np.median(head.server_seconds):.2f} | {np.median(head.seconds):.0f} | "
+                     f"{len(head.seeds)} |")
     return "\n".join(lines)
 
 
@@ -201,5 +238,8 @@ if __name__ == "__main__":
         found = heads()
         FRONT_PLOT.write_bytes(front_plot(found))
         print(front_table(found), budget_table(found), sep="\n\n")
+    elif sys.argv[1:2] == ["--wide"]:
+        rounds = tuple(int(r) for r in sys.argv[3:]) or (0,)
+        print(wide_table(Path(sys.argv[2]), rounds))
     else:
         print(table(Path(sys.argv[1] if len(sys.argv) > 1 else "conf/one-round-heads-digits.toml")))

@@ -190,7 +190,8 @@ def document(lines, cells, ceilings, optima, base, preset) -> str:
         "![F − F* per round](gap.png)", "",
         "## The shipped default and Fed3R on the same data (committed closed-form-starts runs)",
         "", "The default is the ridge start, then SGD + SCAFFOLD with weight decay 0.01, 50 "
-        "rounds; Fed3R is the ridge start alone (`reports/closed-form-starts/`).", "",
+        "rounds; Fed3R is its own head alone (`head-init = \"fed3r\"`: absolute λ 0.01, no bias; "
+        "`reports/closed-form-starts/`), so every round repeats its start.", "",
         *baseline_lines(base, datasets), ""])
 
 
