@@ -29,7 +29,7 @@ def test_each_head_on_each_partition_in_the_docs_is_the_committed_runs():
 
 def test_the_rounds_from_each_head_in_the_docs_are_the_committed_runs():
     made = wide_table(ROOT / "conf" / "one-round-heads-rounds.toml", (0, 1, 5, 20))
-    assert made.count("\n") == 1 + 4 * 7
+    assert made.count("\n") == 1 + 4 * 7  # 4 datasets x 7 heads
     assert made in DOC
 
 
