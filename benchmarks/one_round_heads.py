@@ -55,6 +55,11 @@ def mean_std(values: list[float]) -> str:
         else f"{100 * values[0]:.2f}"
 
 
+def accuracy_at(summary: dict, round_number: int) -> float:
+    return summary["initial_accuracy"] if round_number == 0 else \
+        summary["rounds"][round_number - 1]["accuracy"]
+
+
 def table(preset_path: Path, results_root: Path = ROOT / "results") -> str:
     axes, found = cells(preset_path, results_root)
     last = max((len(summary["rounds"]) for runs in found.values() for summary in runs), default=0)
@@ -63,17 +68,11 @@ def table(preset_path: Path, results_root: Path = ROOT / "results") -> str:
     lines = ["| " + " | ".join([*axes, *scores, "kB a client sends for it", "seeds"]) + " |",
              "|" + "---|" * len(axes) + "---:|" * (len(scores) + 2)]
     for choices, runs in found.items():
-        values = [[r["initial_accuracy"] for r in runs],
-                  *([r["rounds"][n - 1]["accuracy"] for r in runs] for n in shown)]
+        values = [[accuracy_at(r, n) for r in runs] for n in (0, *shown)]
         sent = np.mean([r["head_init"]["statistics_bytes_per_client"] for r in runs]) / 1e3
         lines.append("| " + " | ".join([*choices, *map(mean_std, values), f"{sent:,.1f}",
                                         str(len(runs))]) + " |")
     return "\n".join(lines)
-
-
-def accuracy_at(summary: dict, round_number: int) -> float:
-    return summary["initial_accuracy"] if round_number == 0 else \
-        summary["rounds"][round_number - 1]["accuracy"]
 
 
 def wide_table(preset_path: Path, rounds: tuple[int, ...] = (0,),
@@ -93,15 +92,15 @@ def wide_table(preset_path: Path, rounds: tuple[int, ...] = (0,),
              + "---:|" * (len(partitions) + 2)]
     for key, by_partition in rows.items():
         runs = [r for runs in by_partition.values() for r in runs]
-        cells_ = []
+        columns = []
         for partition in partitions:
             here = by_partition.get(partition, [])
             scores = [[accuracy_at(r, n) for r in here] for n in rounds]
-            cells_.append("–" if not here else mean_std(scores[0]) if rounds == (0,)
+            columns.append("–" if not here else mean_std(scores[0]) if rounds == (0,)
                           else " → ".join(f"{100 * np.mean(s):.2f}" for s in scores))
         sent = runs[0]["head_init"]["statistics_bytes_per_client"] / 1e3
         seeds = min(len(v) for v in by_partition.values())
-        lines.append(f"| {' | '.join(key)} | " + " | ".join(cells_) + f" | {sent:,.1f} | {seeds} |")
+        lines.append(f"| {' | '.join(key)} | " + " | ".join(columns) + f" | {sent:,.1f} | {seeds} |")
     return "\n".join(lines)
 
 
