@@ -262,7 +262,7 @@ def test_a_run_survives_its_serverapp_killed_and_its_superlink_restarted(tmp_pat
                           for k, v in {**options, "run-name": "survivor"}.items())
     run_dir = results / "survivor"
     outcomes: list[dict] = [{}, {}, {}]
-    with deploy.local_deployment(2, flwr_home) as deployment:
+    with deploy.local_deployment(2, flwr_home, state_on_disk=True) as deployment:
         first = start_run(deployment, run_config, outcomes[0])
         wait_for_round(run_dir, 1)
         for pid in serverapp_pids(deployment):
@@ -393,6 +393,18 @@ def test_a_deployment_starts_from_a_fresh_superlink_state(tmp_path):
     (database.parent / "superlink.log").write_text("kept")
     assert deploy.fresh_state(database) == database
     assert sorted(p.name for p in database.parent.iterdir()) == ["superlink.log"]
+
+
+def test_the_superlink_keeps_its_state_in_memory_unless_a_restart_needs_it(tmp_path):
+    """As compose's (Flower's default): SQLite only where a restart must find the runs again."""
+    in_memory = deploy.superlink_command(9091, "process", None)
+    assert "--database" not in in_memory
+    on_disk = deploy.superlink_command(9091, "process", None, tmp_path / "state.db")
+    assert on_disk[on_disk.index("--database") + 1] == str(tmp_path / "state.db")
+    deployment = deploy.Deployment("127.0.0.1:9091", tmp_path, superlink=None,
+                                   superlink_command=in_memory)
+    with pytest.raises(ValueError, match=r"state_on_disk=True"):
+        deploy.restart_superlink(deployment)
 
 
 def test_a_run_of_the_encoder_path_gets_runtimes_that_preload_its_libraries(monkeypatch):

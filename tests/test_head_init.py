@@ -146,6 +146,21 @@ def test_calibration_for_a_penalised_objective_lowers_that_objective(digits, hea
     assert objective(*penalised) < objective(*plain)
 
 
+@pytest.mark.parametrize("head", ["ova", "softmax"])
+def test_calibration_steps_exactly_as_torch_optim_lbfgs(digits, head, monkeypatch):
+    """`StepOnlyLBFGS` leaves out Optimizer's set-up (it imports torch._dynamo), not its step:
+    the calibrated start is torch.optim.LBFGS's to the last bit (the fresh-process check:
+    tests/test_training.py)."""
+    from ovalp_flwr.core.head_init import calibration
+
+    x, y, _, _ = digits
+    stats, init = statistics(x, y), make_head_init("ridge")
+    ours = init.build(stats, 64, 10, 0, head, 0.01)
+    monkeypatch.setattr(calibration, "StepOnlyLBFGS", torch.optim.LBFGS)
+    theirs = init.build(stats, 64, 10, 0, head, 0.01)
+    assert all(np.array_equal(mine, its) for mine, its in zip(ours, theirs))
+
+
 def training_loss(head, logits, labels):
     labels = torch.from_numpy(labels)
     if head == "softmax":

@@ -246,6 +246,26 @@ def run_of(flwr, run_id: int) -> dict:
     return json.loads(listed.stdout)["runs"][0]
 
 
+def wait_for_simulation(flwr_home: Path, running: bool, timeout: float) -> None:
+    """Until a run's `flwr-simulation` process of `flwr_home` is there (or gone): read from
+    /proc, where each `flwr ls` to ask would be a fresh Python importing Flower (3-4 CPU-s)."""
+    deadline = time.monotonic() + timeout
+    while bool(simulations_of(flwr_home)) != running:
+        assert time.monotonic() < deadline, f"no flwr-simulation {'started' if running else 'ended'}"
+        time.sleep(0.5)
+
+
+def simulations_of(flwr_home: Path) -> set[int]:
+    found = set()
+    for pid in processes_of(flwr_home):
+        try:
+            if b"flwr-simulation" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
+        except OSError:  # it ended meanwhile
+            pass
+    return found
+
+
 def stop_all(flwr_home: Path, grace: float = 20.0) -> None:
     """Every process of `flwr_home` (the detached local SuperLink, what it started), by PID:
     SIGTERM, then SIGKILL what is left after `grace`, until none is left (a Ray worker may
@@ -291,16 +311,18 @@ def test_bare_flwr_run_streams_a_run_and_list_log_stop_work_on_another(tmp_path,
                        f"{common} num-server-rounds=1000 run-name='stopped'")
         assert started.returncode == 0, started.stdout + started.stderr
         run_id = int(started.stdout.split("Successfully started run ")[1].split()[0])
-        deadline = time.monotonic() + 120
+        wait_for_simulation(flwr_home, running=True, timeout=120)
+        deadline = time.monotonic() + 60
         while (status := run_of(flwr, run_id)["status"]) != "running":
             assert status in ("pending", "starting") and time.monotonic() < deadline, status
-            time.sleep(1)
+            time.sleep(2)
         stopped = flwr("stop", str(run_id))
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-        deadline = time.monotonic() + 60
+        wait_for_simulation(flwr_home, running=False, timeout=60)
+        deadline = time.monotonic() + 30
         while (status := run_of(flwr, run_id)["status"]) != "finished:stopped":
             assert time.monotonic() < deadline, status
-            time.sleep(1)
+            time.sleep(2)
         assert not (results / "stopped" / "summary.json").exists()
     finally:
         stop_all(flwr_home)

@@ -89,9 +89,17 @@ def test_the_local_step_is_torch_optim_bit_for_bit(name, build):
 
 
 @pytest.mark.slow
-def test_a_fresh_process_trains_without_importing_torch_dynamo():
-    """Flower's deployment runtime starts a process per message: 1.9 s of torch._dynamo each."""
+def test_a_fresh_process_trains_and_calibrates_without_importing_torch_dynamo():
+    """Flower's deployment runtime starts a process per message, and one per run for the
+    ServerApp, which calibrates the start (core/head_init/calibration.py): 2.3 CPU-s of
+    torch._dynamo each. (One process for both: each costs seconds of imports.)"""
     code = ("import sys, numpy as np, torch\n"
+            "from ovalp_flwr.core.head_init.calibration import calibrate\n"
+            "from ovalp_flwr.core.head_init.statistics import ClassStatistics\n"
+            "x, y = torch.randn(40, 4, dtype=torch.float64), torch.arange(40) % 3\n"
+            "stats = ClassStatistics.of(x, y, 3, True)\n"
+            "for head in ('ova', 'softmax'):\n"
+            "    calibrate(np.ones((3, 4)), np.zeros(3), stats, head)\n"
             "from ovalp_flwr.core.heads import build_head\n"
             "from ovalp_flwr.core.model import model_to_numpy\n"
             "from ovalp_flwr.core.training import LocalSchedule, shuffle_generator, train_local\n"

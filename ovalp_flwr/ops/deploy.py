@@ -133,9 +133,13 @@ def _check_isolation(isolation: str) -> None:
         raise ValueError(f"isolation={isolation!r} is not allowed; choose one of {ISOLATIONS}")
 
 
-def superlink_command(port: int, isolation: str, certs: Path | None, database: Path) -> list[str]:
-    """compose's `superlink` on loopback, with its state in `database`. `certs`: TLS with the
-    files `certs.make_all` writes, and SuperNode authentication."""
+def superlink_command(port: int, isolation: str, certs: Path | None,
+                      database: Path | None = None) -> list[str]:
+    """compose's `superlink` on loopback. Its state in memory, as compose's (Flower's default),
+    or in `database` (SQLite), which a restarted SuperLink reads again: Flower's SQL state costs
+    the SuperLink 2.3x the CPU (74 against 32 CPU-s over the secure deployment's three test
+    runs, docs/testing.md). `certs`: TLS with the files `certs.make_all` writes, and SuperNode
+    authentication."""
     if certs is not None:
         security = ["--ssl-certfile", str(certs / certs_module.SERVER_CERT),
                     "--ssl-keyfile", str(certs / certs_module.SERVER_KEY),
@@ -143,7 +147,8 @@ def superlink_command(port: int, isolation: str, certs: Path | None, database: P
     else:
         security = ["--insecure"]
     return [_bin("flower-superlink"), *security, "--isolation", isolation,
-            "--host", "127.0.0.1", "--port", str(port), "--database", str(database)]
+            "--host", "127.0.0.1", "--port", str(port),
+            *(["--database", str(database)] if database is not None else [])]
 
 
 def supernode_command(superlink: str, port: int, isolation: str, config: str,
@@ -237,7 +242,8 @@ def fresh_state(database: Path) -> Path:
 def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None = None,
                      cwd: Path = PROJECT, secure: bool = False, isolation: str = DEFAULT_ISOLATION,
                      num_partitions: int | None = None, warm_clientapps: bool = True,
-                     encoder_path: bool = False) -> Iterator[Deployment]:
+                     encoder_path: bool = False, state_on_disk: bool = False
+                     ) -> Iterator[Deployment]:
     """SuperLink + N SuperNodes (+ their runtimes under process isolation); everything
     stopped on the way out, whatever happens.
 
@@ -247,7 +253,9 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
     ClientApps from a process that has imported them (`ovalp_flwr.ops.clientapp_runtime`);
     False: Flower's `flower-superexec`, a fresh `flwr-clientapp` process with all its imports
     per message. `encoder_path`: the forking processes import the encoder path's libraries too
-    (runs with `finetune` other than "none").
+    (runs with `finetune` other than "none"). `state_on_disk`: the SuperLink's state in a fresh
+    `<flwr_home>/deploy/state.db`, so that `restart_superlink` finds its runs and nodes again;
+    else in memory, as compose's.
     """
     _check_isolation(isolation)
     flwr_home.mkdir(parents=True, exist_ok=True)
@@ -258,8 +266,8 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
         certs = flwr_home / "certs"
         certs_module.make_all(certs, num_supernodes)
         ca_cert = certs / certs_module.CA_CERT
-    command = superlink_command(port, isolation, certs,
-                               fresh_state(flwr_home / "deploy" / "state.db"))
+    database = fresh_state(flwr_home / "deploy" / "state.db") if state_on_disk else None
+    command = superlink_command(port, isolation, certs, database)
     superlink = _start(command, log, flwr_home, cwd)
     deployment = Deployment(f"127.0.0.1:{port}", flwr_home, superlink, isolation, certs=certs,
                             superlink_command=command, cwd=cwd,
@@ -287,7 +295,11 @@ def restart_superlink(deployment: Deployment) -> None:
     (`ovalp_flwr.federation.checkpoint`).
     Stopped as a reboot stops it: SIGTERM, then SIGKILL after 2 s, since with nodes connected
     the SuperLink would otherwise wait for their connections to close; the longer it is down,
-    the longer the nodes' reconnection backoff (up to tens of seconds)."""
+    the longer the nodes' reconnection backoff (up to tens of seconds). Needs the state on disk
+    (`local_deployment(state_on_disk=True)`): one in memory would forget the runs and nodes."""
+    if "--database" not in deployment.superlink_command:
+        raise ValueError("restart_superlink needs the SuperLink's state on disk: start the "
+                         "deployment with local_deployment(state_on_disk=True)")
     stop_group(deployment.superlink, grace=2.0)
     log = deployment.flwr_home / "deploy" / "superlink.log"
     deployment.superlink = _start(deployment.superlink_command, log, deployment.flwr_home,
