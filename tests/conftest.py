@@ -30,11 +30,11 @@ import pytest
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # before anything imports torch
     os.environ["OMP_NUM_THREADS"] = "1"
-# The deployments the e2e tests start poll for their apps' tasks every 0.5 s, not the product's
-# 0.1 s (ops/clientapp_runtime.py): an idle deployment of 2 SuperNodes used 9.4 CPU-s a minute
-# at 0.1 s and 4.8 at 0.5 s, CPU the suite's other tests need on 2 cores; a message waits at most
-# 0.4 s longer, and no test asserts that latency.
-os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.5")
+# The deployments the e2e tests start poll for their apps' tasks every 1 s (Flower's default),
+# not the product's 0.1 s (ops/clientapp_runtime.py): an idle deployment of 2 SuperNodes used
+# 9.4 CPU-s a minute at 0.1 s, 4.8 at 0.5 s and 3.3 at 1 s, CPU the suite's other tests need on
+# 2 cores; a message waits at most 0.9 s longer, and no test asserts that latency.
+os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "1.0")
 
 from e2e import ray_federation, secure_deployment  # noqa: E402,F401 - the shared federations
 from scheduling import UNITS_ENV, LongestFirst, write_units  # noqa: E402
