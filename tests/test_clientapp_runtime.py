@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ovalp_flwr.ops import clientapp_runtime as runtime
-from ovalp_flwr.ops.deploy import runtime_command, warm_runtime_command
+from ovalp_flwr.ops.deploy import runtime_command, warm_runtime_command, warm_server_runtime_command
 
 
 @pytest.mark.slow
@@ -24,22 +24,41 @@ def test_preload_forgets_the_apps_own_modules_so_the_fab_is_imported_again():
     assert out.stdout.split() == ["True", "False"], out.stderr[-2000:]
 
 
-def test_the_warm_runtime_takes_flower_superexecs_flags():
+def test_the_warm_runtime_takes_flower_superexecs_flags(tmp_path):
     warm, cold = warm_runtime_command("127.0.0.1:9094"), runtime_command("127.0.0.1:9094")
     assert warm[1:3] == ["-m", "ovalp_flwr.ops.clientapp_runtime"]
     assert warm[3:] == cold[1:]
+    for certs in (None, tmp_path / "ca.crt"):  # the SuperLink's: the same, forking ServerApps
+        server = warm_server_runtime_command("127.0.0.1:9091", certs)
+        assert server[1:3] == warm[1:3] and server[-1] == "--serverapps"
+        assert server[3:-1] == runtime_command("127.0.0.1:9091", certs)[1:]
 
 
-def test_a_clientapp_task_is_forked_and_reaped(monkeypatch):
+@pytest.mark.parametrize("serverapps", [False, True])
+def test_an_app_task_is_forked_and_reaped(monkeypatch, serverapps):
+    """A node's runtime forks ClientApps, the SuperLink's (`--serverapps`) ServerApps; the
+    other task type goes to Flower's own process."""
     from flwr.supercore.constant import TaskType
     from flwr.supercore.superexec.executor import ExecutionSpec
 
-    def child(spec):  # stands in for Flower's run_clientapp in the child
+    def child(spec):  # stands in for Flower's run_clientapp / run_serverapp in the child
         os._exit(7 if spec.token == "t" else 1)
 
-    monkeypatch.setattr(runtime, "run_forked_clientapp", child)
-    executor = runtime.ForkingExecutor()
-    spec = ExecutionSpec(task_type=TaskType.CLIENT_APP, runtime_api_address="127.0.0.1:1",
+    forked, other = ((TaskType.SERVER_APP, TaskType.CLIENT_APP) if serverapps
+                     else (TaskType.CLIENT_APP, TaskType.SERVER_APP))
+    monkeypatch.setattr(runtime, "run_forked_serverapp" if serverapps else "run_forked_clientapp",
+                        child)
+    launched = []
+    monkeypatch.setattr(runtime.SubprocessExecutor, "launch",
+                        lambda self, spec: launched.append(spec.task_type))
+    executor = runtime.ForkingExecutor(serverapps=serverapps)
+    spec = ExecutionSpec(task_type=other, runtime_api_address="127.0.0.1:1",
+                         token="t", insecure=True, root_certificates_path=None,
+                         runtime_dependency_install=False, parent_pid=None,
+                         suppress_output=False, task_id=1)
+    executor.launch(spec)
+    assert launched == [other] and not executor.children
+    spec = ExecutionSpec(task_type=forked, runtime_api_address="127.0.0.1:1",
                          token="t", insecure=True, root_certificates_path=None,
                          runtime_dependency_install=False, parent_pid=None,
                          suppress_output=False, task_id=1)

@@ -107,8 +107,10 @@ def test_a_secure_deployment_of_nodes_with_their_own_data_runs_secagg_and_person
         assert any(line.startswith(f"supernode-{i}-clientapp: ") and "100%|" in line
                    for line in out.splitlines()), out[-3000:]
     assert out.splitlines()[-1].startswith("final accuracy ")
-    # process isolation, as in compose: the runtimes, not SuperLink/SuperNodes, ran the apps
-    assert "flwr-serverapp" in watcher.seen["server"], watcher.seen
+    # process isolation, as in compose: the runtimes, not SuperLink/SuperNodes, ran the apps;
+    # the SuperLink's forks each run's ServerApp (ops/clientapp_runtime.py --serverapps)
+    assert watcher.seen["server"], watcher.seen
+    assert "Start `flwr-serverapp` process" in (logs / "serverapp.log").read_text(errors="replace")
     # the nodes' runtimes fork each ClientApp (ops/clientapp_runtime.py): a child of theirs
     # per message, which logs as flwr-clientapp does (below)
     assert watcher.seen["nodes"], watcher.seen
@@ -236,12 +238,9 @@ def wait_for_round(run_dir: Path, server_round: int, timeout: float = 300.0) -> 
 
 
 def serverapp_pids(deployment: deploy.Deployment) -> list[int]:
-    found = []
-    for pid in descendants(deployment.server_runtime.pid):
-        with contextlib.suppress(OSError):
-            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-    return found
+    """The ServerApps under the SuperLink's runtime: each a fork of it (ClientApps fork on the
+    nodes' runtimes), or Flower's `flwr-serverapp`."""
+    return list(descendants(deployment.server_runtime.pid))
 
 
 @pytest.mark.e2e(seconds=300)
@@ -422,7 +421,10 @@ def test_a_run_of_the_encoder_path_gets_runtimes_that_preload_its_libraries(monk
     started = []
     monkeypatch.setattr(clientapp_runtime, "run", lambda *args: started.append(args))
     clientapp_runtime.main(command[3:])  # after `python -m ovalp_flwr.ops.clientapp_runtime`
-    assert started == [("127.0.0.1:9094", None, False, True)]
+    assert started == [("127.0.0.1:9094", None, False, True, False)]
+    # the SuperLink's runtime forks ServerApps (what they import: SERVER_PRELOAD)
+    clientapp_runtime.main(deploy.warm_server_runtime_command("127.0.0.1:9091", Path("ca.crt"))[3:])
+    assert started[-1] == ("127.0.0.1:9091", "ca.crt", False, False, True)
 
 
 

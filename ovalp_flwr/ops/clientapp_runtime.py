@@ -18,7 +18,12 @@ With `--preload-encoder-path` it also imports the encoder path's libraries (timm
 datasets): a ClientApp of a FLoRA run spent 8-11 s of its CPU importing them, per message. A run
 of the default path never imports them, so a runtime that serves only such runs leaves them out.
 
-Other task types (and ClientApps when `--cold` is given) go to Flower's `flwr-*` processes
+With `--serverapps` it is the SuperLink's runtime instead (compose's `serverapp`): each run's
+ServerApp is forked the same way (`run_forked_serverapp`: what `flwr-serverapp` does, its output
+mirrored to the run's log), from a process that has imported torch, Flower and the ServerApp's
+modules, about 6 CPU-s a run here.
+
+Other task types (and every task when `--cold` is given) go to Flower's `flwr-*` processes
 unchanged. Its poll for tasks (Flower: every 1 s, `FLWR_SUPEREXEC_TASK_POLL_INTERVAL`) is
 `POLL_INTERVAL` unless that variable is set.
 
@@ -44,6 +49,7 @@ import os
 import signal
 import sys
 import traceback
+from queue import Queue
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,8 +64,12 @@ from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExec
 from flwr.supercore.tls import validate_and_resolve_root_certificates
 from flwr.supercore.utils import get_flwr_home
 from flwr.supernode.runtime import run_clientapp as clientapp_process
+from flwr.supercore.logger import mirror_output_to_queue, restore_output
 
 from ovalp_flwr.core.durable import replace_durably
+
+# the module (its package exports the function of the same name over it)
+serverapp_process = importlib.import_module("flwr.superlink.runtime.run_serverapp")
 
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # flwr/supercore/superexec/run_superexec.py
 POLL_INTERVAL = 0.1  # s; Flower's default 1 s adds up to 1 s to every message
@@ -69,6 +79,9 @@ PRELOAD = ("flwr.supernode.runtime.run_clientapp", "flwr.clientapp", "ovalp_flwr
 # what the encoder path (finetune != "none") imports on top, inside its functions: timm (through
 # its compat guard), peft and sklearn's datasets, 8-11 s of a ClientApp's CPU per message here
 ENCODER_PATH = ("ovalp_flwr.features.timm_compat", "peft", "sklearn.datasets")
+# what a ServerApp process of this app imports (server_app.py's imports), for `--serverapps`
+SERVER_PRELOAD = ("flwr.superlink.runtime.run_serverapp", "flwr.serverapp", "ovalp_flwr.ova.server",
+                  "ovalp_flwr.finetune.server")
 APP_PACKAGES = ("ovalp_flwr", "client_app", "server_app")  # the FAB's own: imported from it
 # a missing object is asked for again after 10 ms, doubling to at most 0.1 s (Flower: 1 s to
 # 10 s); no cap on tries, so Flower's bound on the time (PULL_MAX_TIME, 2 h) is the one that holds
@@ -123,14 +136,7 @@ def warm_clientapp_steps() -> None:
 def run_forked_clientapp(spec) -> None:
     """In the fork's child: Flower's ClientApp process for `spec` (an `ExecutionSpec`), then
     exit without returning into the parent's loop."""
-    code = 1
-    try:
-        # the parent's exit handlers close the parent's connections: not the child's to run
-        registered_exit_handlers.clear()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, signal.SIG_DFL)
-        sys.argv = ["flwr-clientapp", "--token", "<forked>"]  # what Flower reads of argv[0]
-        log(20, "Start `flwr-clientapp` process")  # flwr-clientapp's first line (INFO)
+    def clientapp() -> None:
         warm_clientapp_steps()
         clientapp_process.run_clientapp(
             runtime_api_address=spec.runtime_api_address,
@@ -141,6 +147,44 @@ def run_forked_clientapp(spec) -> None:
             parent_pid=spec.parent_pid,
             runtime_dependency_install=spec.runtime_dependency_install,
         )
+    _run_forked("flwr-clientapp", clientapp)
+
+
+def run_forked_serverapp(spec) -> None:
+    """In the fork's child: what `flwr-serverapp` does for `spec` (its output mirrored to the
+    queue Flower uploads as the run's log, then Flower's ServerApp process), then exit."""
+    def serverapp() -> None:
+        serverapp_process.install_from_fab = install_once
+        log_queue: Queue = Queue()
+        mirror_output_to_queue(log_queue)
+        try:
+            serverapp_process.run_serverapp(
+                runtime_api_address=spec.runtime_api_address,
+                log_queue=log_queue,
+                token=spec.token,
+                insecure=spec.insecure,
+                certificates=validate_and_resolve_root_certificates(spec.root_certificates_path,
+                                                                    spec.insecure),
+                parent_pid=spec.parent_pid,
+                runtime_dependency_install=spec.runtime_dependency_install,
+            )
+        finally:
+            restore_output()
+    _run_forked("flwr-serverapp", serverapp)
+
+
+def _run_forked(executable: str, app) -> None:
+    """In the fork's child: `app()` as Flower's `executable` process would run it, then
+    `os._exit` with its code, never returning into the parent's loop."""
+    code = 1
+    try:
+        # the parent's exit handlers close the parent's connections: not the child's to run
+        registered_exit_handlers.clear()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
+        sys.argv = [executable, "--token", "<forked>"]  # what Flower reads of argv[0]
+        log(20, f"Start `{executable}` process")  # the executable's first line (INFO)
+        app()
         code = 0
     except SystemExit as exit_:  # flwr_exit ends every ClientApp process this way
         code = exit_.code if isinstance(exit_.code, int) else 1
@@ -153,18 +197,21 @@ def run_forked_clientapp(spec) -> None:
 
 
 class ForkingExecutor(SubprocessExecutor):
-    """Flower's SubprocessExecutor, with ClientApp tasks forked (`run_forked_clientapp`) unless
-    `cold`; reaps its children between polls (no zombies)."""
+    """Flower's SubprocessExecutor, with ClientApp tasks forked (`run_forked_clientapp`), or
+    with `serverapps` ServerApp tasks (`run_forked_serverapp`), unless `cold`; reaps its
+    children between polls (no zombies)."""
 
-    def __init__(self, cold: bool = False) -> None:
+    def __init__(self, cold: bool = False, serverapps: bool = False) -> None:
         self.cold, self.children = cold, set()
+        self.forked, self.run_forked = ((TaskType.SERVER_APP, run_forked_serverapp) if serverapps
+                                        else (TaskType.CLIENT_APP, run_forked_clientapp))
 
     def launch(self, spec) -> LaunchResult:
-        if self.cold or spec.task_type != TaskType.CLIENT_APP:
+        if self.cold or spec.task_type != self.forked:
             return super().launch(spec)
         pid = os.fork()
         if pid == 0:
-            run_forked_clientapp(spec)  # never returns
+            self.run_forked(spec)  # never returns
         self.children.add(pid)
         return LaunchResult.accepted()
 
@@ -175,13 +222,14 @@ class ForkingExecutor(SubprocessExecutor):
 
 
 def run(runtime_api_address: str, root_certificates: str | None, cold: bool = False,
-        encoder_path: bool = False) -> None:
+        encoder_path: bool = False, serverapps: bool = False) -> None:
     """Flower's SuperExec loop with the forking executor (blocks until stopped).
-    `encoder_path`: the encoder path's libraries preloaded too (its runs' messages need them)."""
+    `encoder_path`: the encoder path's libraries preloaded too (its runs' messages need them).
+    `serverapps`: the SuperLink's runtime (compose's `serverapp`), forking ServerApps."""
     os.environ.setdefault(TASK_POLL_ENV, str(POLL_INTERVAL))
     if not cold:
-        preload(PRELOAD + (ENCODER_PATH if encoder_path else ()))
-    executor = ForkingExecutor(cold)
+        preload(SERVER_PRELOAD if serverapps else PRELOAD + (ENCODER_PATH if encoder_path else ()))
+    executor = ForkingExecutor(cold, serverapps)
     # Flower's loop asks `get_executor` for its executor: hand it ours
     superexec.get_executor = lambda *_args, **_kwargs: executor
     superexec.run_superexec(runtime_api_address=runtime_api_address,
@@ -202,8 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="start every ClientApp as a fresh flwr-clientapp process (Flower's way)")
     parser.add_argument("--preload-encoder-path", action="store_true",
                         help="also import what the encoder path (finetune) needs, before forking")
+    parser.add_argument("--serverapps", action="store_true",
+                        help="attached to a SuperLink: fork its ServerApps instead of ClientApps")
     args = parser.parse_args(argv)
-    run(args.runtime_api_address, args.root_certificates, args.cold, args.preload_encoder_path)
+    run(args.runtime_api_address, args.root_certificates, args.cold, args.preload_encoder_path,
+        args.serverapps)
     return 0
 
 

@@ -180,6 +180,16 @@ def warm_runtime_command(runtime_api_address: str, encoder_path: bool = False) -
             *(["--preload-encoder-path"] if encoder_path else [])]
 
 
+def warm_server_runtime_command(runtime_api_address: str,
+                                root_certificates: Path | None = None) -> list[str]:
+    """`runtime_command` for the SuperLink, with each run's ServerApp forked from a process
+    that has imported it (torch, Flower, the app: ~6 CPU-s a run here)."""
+    security = (["--root-certificates", str(root_certificates)] if root_certificates is not None
+                else ["--insecure"])
+    return [sys.executable, "-m", "ovalp_flwr.ops.clientapp_runtime", *security,
+            "--runtime-api-address", runtime_api_address, "--serverapps"]
+
+
 def register_supernode(deployment: Deployment, public_key: Path) -> str:
     """`flwr supernode register <public_key> ovalp-deploy`; its output (raises on failure)."""
     return flwr_cli(deployment.flwr_home, "supernode", "register", str(public_key), CONNECTION)
@@ -250,9 +260,9 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
     `secure`: TLS + SuperNode authentication, with throwaway certs under `<flwr_home>/certs`.
     `num_partitions` (default N): more than N leaves partitions N.. for nodes that join later
     (`start_supernode`). `warm_clientapps` (process isolation): each node's runtime forks its
-    ClientApps from a process that has imported them (`ovalp_flwr.ops.clientapp_runtime`);
-    False: Flower's `flower-superexec`, a fresh `flwr-clientapp` process with all its imports
-    per message. `encoder_path`: the forking processes import the encoder path's libraries too
+    ClientApps, and the SuperLink's its ServerApps, from a process that has imported them
+    (`ovalp_flwr.ops.clientapp_runtime`); False: Flower's `flower-superexec`, a fresh
+    `flwr-clientapp` process with all its imports per message (`flwr-serverapp` per run). `encoder_path`: the forking processes import the encoder path's libraries too
     (runs with `finetune` other than "none"). `state_on_disk`: the SuperLink's state in a fresh
     `<flwr_home>/deploy/state.db`, so that `restart_superlink` finds its runs and nodes again;
     else in memory, as compose's.
@@ -275,9 +285,10 @@ def local_deployment(num_supernodes: int, flwr_home: Path, node_dir: str | None 
     try:
         _wait_for_port(port, superlink, log)
         if isolation == "process":
-            deployment.server_runtime = _start(
-                runtime_command(deployment.address, ca_cert),
-                flwr_home / "deploy" / "serverapp.log", flwr_home, cwd)
+            command = (warm_server_runtime_command(deployment.address, ca_cert)
+                       if warm_clientapps else runtime_command(deployment.address, ca_cert))
+            deployment.server_runtime = _start(command, flwr_home / "deploy" / "serverapp.log",
+                                               flwr_home, cwd)
         # the connection first: `flwr supernode register` (secure) goes through it
         write_connection(flwr_home, CONNECTION, deployment.address, ca_cert)
         for i in range(num_supernodes):
@@ -344,9 +355,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="process: separate flower-superexec runtimes, as docker/compose.yml "
                              "(default); subprocess: SuperLink and SuperNodes start the apps")
     parser.add_argument("--cold-clientapps", action="store_true",
-                        help="process isolation: Flower's flower-superexec for the nodes, a fresh "
-                             "flwr-clientapp process with all its imports per message (default: "
-                             "forked from one that has imported them, ops/clientapp_runtime.py)")
+                        help="process isolation: Flower's flower-superexec for the nodes and the "
+                             "SuperLink, a fresh flwr-clientapp process with all its imports per "
+                             "message, a fresh flwr-serverapp per run (default: forked from one "
+                             "that has imported them, ops/clientapp_runtime.py)")
     started = time.monotonic()
     args, flwr_args = flwr_args_after_dashes(parser, list(argv) if argv is not None else None)
     if not preflight(args.app.resolve(), flwr_args, args.num_supernodes):
