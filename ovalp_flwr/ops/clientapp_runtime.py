@@ -138,15 +138,7 @@ def run_forked_clientapp(spec) -> None:
     exit without returning into the parent's loop."""
     def clientapp() -> None:
         warm_clientapp_steps()
-        clientapp_process.run_clientapp(
-            runtime_api_address=spec.runtime_api_address,
-            token=spec.token,
-            insecure=spec.insecure,
-            certificates=validate_and_resolve_root_certificates(spec.root_certificates_path,
-                                                                spec.insecure),
-            parent_pid=spec.parent_pid,
-            runtime_dependency_install=spec.runtime_dependency_install,
-        )
+        clientapp_process.run_clientapp(**process_arguments(spec))
     _run_forked("flwr-clientapp", clientapp)
 
 
@@ -158,19 +150,20 @@ def run_forked_serverapp(spec) -> None:
         log_queue: Queue = Queue()
         mirror_output_to_queue(log_queue)
         try:
-            serverapp_process.run_serverapp(
-                runtime_api_address=spec.runtime_api_address,
-                log_queue=log_queue,
-                token=spec.token,
-                insecure=spec.insecure,
-                certificates=validate_and_resolve_root_certificates(spec.root_certificates_path,
-                                                                    spec.insecure),
-                parent_pid=spec.parent_pid,
-                runtime_dependency_install=spec.runtime_dependency_install,
-            )
+            serverapp_process.run_serverapp(log_queue=log_queue, **process_arguments(spec))
         finally:
             restore_output()
     _run_forked("flwr-serverapp", serverapp)
+
+
+def process_arguments(spec) -> dict:
+    """What `flwr-clientapp` and `flwr-serverapp` hand Flower's app process from their flags."""
+    return {"runtime_api_address": spec.runtime_api_address, "token": spec.token,
+            "insecure": spec.insecure,
+            "certificates": validate_and_resolve_root_certificates(spec.root_certificates_path,
+                                                                   spec.insecure),
+            "parent_pid": spec.parent_pid,
+            "runtime_dependency_install": spec.runtime_dependency_install}
 
 
 def _run_forked(executable: str, app) -> None:

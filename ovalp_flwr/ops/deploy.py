@@ -184,10 +184,8 @@ def warm_server_runtime_command(runtime_api_address: str,
                                 root_certificates: Path | None = None) -> list[str]:
     """`runtime_command` for the SuperLink, with each run's ServerApp forked from a process
     that has imported it (torch, Flower, the app: ~6 CPU-s a run here)."""
-    security = (["--root-certificates", str(root_certificates)] if root_certificates is not None
-                else ["--insecure"])
-    return [sys.executable, "-m", "ovalp_flwr.ops.clientapp_runtime", *security,
-            "--runtime-api-address", runtime_api_address, "--serverapps"]
+    return [sys.executable, "-m", "ovalp_flwr.ops.clientapp_runtime",
+            *runtime_command(runtime_api_address, root_certificates)[1:], "--serverapps"]
 
 
 def register_supernode(deployment: Deployment, public_key: Path) -> str:
