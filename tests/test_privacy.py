@@ -19,7 +19,7 @@ from ovalp_flwr.federation.rounds import make_strategy
 from ovalp_flwr.federation.privacy import (INFINITE, PrivateRounds, Releases, clip_rows, composed_epsilon,
                                            epsilon_spent, gram_shift, noise_multiplier_for,
                                            privacy_report, private_statistics, rounds_releases,
-                                           statistics_noise_share)
+                                           statistics_noise_share, uncovered_fields)
 from ovalp_flwr.federation.replies import TrainReply
 from ovalp_flwr.federation.results import read_summary
 from safetensors.numpy import load_file
@@ -108,7 +108,6 @@ PRIVATE = {"feature-norm": "l2", "drift-correction": "none"}
 @pytest.mark.parametrize("overrides,key", [
     ({"dp-rounds-epsilon": 1.0}, "feature-norm"),
     ({"dp-rounds-epsilon": 1.0, "feature-norm": "l2"}, "drift-correction"),
-    ({"dp-rounds-epsilon": 1.0, **PRIVATE, "robust-aggregation": "median"}, "robust-aggregation"),
     ({"dp-statistics-epsilon": -1.0}, "dp-statistics-epsilon"),
     ({"dp-delta": 1.0}, "dp-delta"),
     ({"dp-clip": 0.0}, "dp-clip"),
@@ -222,13 +221,14 @@ def test_under_secagg_each_client_adds_its_share_and_the_server_sees_only_the_no
 
 def test_noise_shares_are_sized_for_the_fewest_survivors_drop_outs_allow(cache_dir, tmp_path,
                                                                          monkeypatch):
-    """With half the clients allowed to drop out, each share is sized for 6 of 12: the six
-    fewest still make one release; all twelve back make two releases' variance (√2 the std)."""
+    """With 45% of the clients allowed to drop out (SecAgg+ allows under a half), each share
+    is sized for 12 - floor(5.4) = 7 of 12: the seven fewest still make one release; all twelve
+    back make 12/7 releases' variance (1.31 times the std)."""
     summary, releases_std = distributed_release(cache_dir, tmp_path, monkeypatch,
-                                                **{"secagg-dropouts": 0.5})
-    assert summary["head_init"]["noise_releases"] == 2.0
+                                                **{"secagg-dropouts": 0.45})
+    assert summary["head_init"]["noise_releases"] == pytest.approx(12 / 7)
     assert summary["head_init"]["secagg_dropped"] == []
-    assert releases_std == pytest.approx(math.sqrt(2), rel=0.15)
+    assert releases_std == pytest.approx(math.sqrt(12 / 7), rel=0.15)
 
 
 def test_sampling_amplifies_the_rounds_as_the_strategy_draws_them():
@@ -260,3 +260,119 @@ def test_dp_rounds_draw_their_sample_from_os_entropy_and_evaluation_from_the_see
     assert first.secret_sampling and not make_strategy(RunConfig()).secret_sampling
     assert first.sample(grid, 1, 0.01, purpose=0) != second.sample(grid, 1, 0.01, purpose=0)
     assert first.sample(grid, 1, 0.01, purpose=1) == second.sample(grid, 1, 0.01, purpose=1)
+
+
+def test_the_rounds_epsilon_is_composed_from_the_noise_as_drawn_and_checked_against_the_ask(
+        cache_dir, tmp_path):
+    """summary.json's rounds ε comes from each round's record of the σ drawn and the nodes
+    sampled from, not recomputed from the config: a federation that shrank under the sampler
+    (less amplification) spends more than was asked, and the report says so."""
+    config = RunConfig.from_mapping({"dp-rounds-epsilon": 2.0, **PRIVATE, "head-init": "zeros",
+                                     "num-server-rounds": 4, "fraction-train": 0.1})
+    planned = rounds_releases(config.privacy, config.rounds, 100)
+    as_planned = [dataclasses.replace(planned, count=1)] * 4
+    shrunk = as_planned[:3] + [dataclasses.replace(planned, count=1, population=20)]
+
+    def rounds_of(applied):
+        return privacy_report(config.privacy, config.rounds, config.data_releases, False, 100,
+                              applied)["rounds"]
+
+    assert rounds_of(as_planned)["epsilon"] == pytest.approx(2.0, rel=1e-3)
+    assert rounds_of(as_planned)["within_asked"] and rounds_of(as_planned)["releases"] == 4
+    assert rounds_of(shrunk)["epsilon"] > 2.0 * 1.01 and not rounds_of(shrunk)["within_asked"]
+    assert rounds_of(shrunk)["population"] == [20, 100]
+    assert rounds_of(as_planned[:2])["epsilon"] < 2.0  # two rounds drawn of four: less spent
+    # a run: every round's record holds its σ and population, and the report composes those
+    out = run_local({"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                     "results-dir": str(tmp_path), "run-name": "dp", "head-init": "zeros",
+                     "num-server-rounds": 2, "dp-rounds-epsilon": 2.0, **PRIVATE}, 10)
+    summary = read_summary(out)
+    assert [r["dp_population"] for r in summary["rounds"]] == [10, 10]
+    assert all(r["dp_noise_multiplier"] == summary["privacy"]["rounds"]["noise_multiplier"]
+               for r in summary["rounds"])
+    assert summary["privacy"]["rounds"]["as_drawn"] is True
+    assert summary["privacy"]["rounds"]["epsilon"] == pytest.approx(2.0, rel=1e-3)
+
+
+def test_a_resumed_private_run_releases_its_statistics_once(cache_dir, tmp_path, monkeypatch):
+    """Killed after round 1 and resumed: the second process reuses the noisy statistics its
+    checkpoint kept, asks no client for statistics and draws no statistics noise; the
+    released statistics are the first process's, bit for bit."""
+    import ovalp_flwr.ova.client as client
+    import ovalp_flwr.ova.server as server
+    from ovalp_flwr.federation.checkpoint import read_checkpoint, unpack
+
+    draws, asked = [], []
+    noise_share, statistics_of = server.statistics_noise_share, client.client_statistics
+    monkeypatch.setattr(server, "statistics_noise_share",
+                        lambda *a, **k: draws.append(1) or noise_share(*a, **k))
+    monkeypatch.setattr(client, "client_statistics", lambda *a, **k: (
+        lambda stats: asked.append(stats is not None) or stats)(statistics_of(*a, **k)))
+    config = {"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+              "results-dir": str(tmp_path), "run-name": "dp", "checkpoint-every": 1,
+              "dp-statistics-epsilon": 4.0, "dp-rounds-epsilon": 4.0, **PRIVATE}
+    first = run_local({**config, "num-server-rounds": 1}, 10)
+    kept = unpack("released/statistics", read_checkpoint(first).arrays)
+    assert len(draws) == 1 and sum(asked) == 10 and set(kept) >= {"counts", "gram-triu"}
+    draws.clear(), asked.clear()
+    resumed = run_local({**config, "num-server-rounds": 2, "resume": True}, 10)
+    assert draws == [] and sum(asked) == 0  # no new release, and no client asked again
+    again = unpack("released/statistics", read_checkpoint(resumed).arrays)
+    assert all(np.array_equal(kept[key], again[key]) for key in kept)
+    summary = read_summary(resumed)
+    assert summary["resumes"][0]["round"] == 1 and summary["privacy"]["statistics"]["releases"] == 1
+
+
+def _rule_names():
+    from ovalp_flwr.federation.aggregators import RULES
+
+    return sorted(RULES)
+
+
+@pytest.mark.parametrize("rule", _rule_names())
+def test_dp_rounds_run_each_robust_rule_inside_their_clipping(rule):
+    """DP beside robust aggregation (Flower's DP is a wrapper round any strategy): the rule
+    combines the clipped updates, unweighted, its update is projected into the clip ball, and
+    the noise is sized for that ball (2·clip), not the mean's 2·clip / n."""
+    from ovalp_flwr.federation.robust import RobustAggregation
+
+    rng = np.random.default_rng(0)
+    sent = {"weight": np.zeros(4, np.float32)}
+    honest = [reply(n, list(rng.normal(0.1, 0.02, 4)), 10 * n) for n in range(1, 12)]
+    hostile = [reply(99, [50.0, -50.0, 50.0, -50.0], 10_000)]  # far out: clipped, then resisted
+    replies = honest + hostile
+    inner = RobustAggregation(rule, 0.1)
+    heads, _ = PrivateRounds(1e-9, 0.5, inner=inner)(replies, sent, server_round=1, sampled=12)
+    clipped = [dataclasses.replace(r, weight=1.0, arrays={"weight": r.arrays["weight"] * min(
+        1.0, 0.5 / np.linalg.norm(r.arrays["weight"]))}) for r in replies]
+    by_hand, _ = inner(clipped, sent, 1, 12)
+    expected = by_hand["weight"] * min(1.0, 0.5 / np.linalg.norm(by_hand["weight"]))
+    assert np.allclose(heads["weight"], expected, atol=1e-5)
+    assert np.linalg.norm(heads["weight"]) <= 0.5 + 1e-6
+    wide = {"weight": np.zeros(100_000, np.float32)}
+    rounds = PrivateRounds(2.0, 0.5, inner=inner)
+    noise = rounds([reply(n, [0.0] * 100_000) for n in range(1, 12)], wide, 1, 11)[0]["weight"]
+    assert noise.std() == pytest.approx(2.0 * 2 * 0.5, rel=0.02)  # the ball's diameter
+    assert rounds.applied["dp_noise_std"] == pytest.approx(2.0)
+
+
+def test_a_private_run_with_a_robust_rule_runs_and_accounts_as_dp_rounds(cache_dir, tmp_path):
+    out = run_local({"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                     "results-dir": str(tmp_path), "run-name": "dp-median", "head-init": "zeros",
+                     "num-server-rounds": 2, "dp-rounds-epsilon": 4.0,
+                     "robust-aggregation": "median", **PRIVATE}, 10)
+    summary = read_summary(out)
+    sigma = summary["privacy"]["rounds"]["noise_multiplier"]
+    assert [r["dp_noise_std"] for r in summary["rounds"]] == pytest.approx([sigma * 2 * 0.05] * 2)
+    assert summary["privacy"]["rounds"]["epsilon"] == pytest.approx(4.0, rel=1e-3)
+
+
+def test_under_dp_the_summary_lists_what_it_carries_that_no_noise_covers(cache_dir, tmp_path):
+    out = run_local({"encoder": "pixels", "feature-cache-dir": str(cache_dir),
+                     "results-dir": str(tmp_path), "run-name": "dp", "num-server-rounds": 0,
+                     "dp-statistics-epsilon": 4.0, "partition": "shard", **PRIVATE}, 10)
+    fields = read_summary(out)["privacy"]["run"]["uncovered_fields"]
+    assert any(f.startswith("partition.classes") for f in fields)
+    assert not any(f.startswith("rounds[]") or f.startswith("label_noise") for f in fields)
+    assert uncovered_fields({"rounds": [{"rejections": [{"node": 3}]}],
+                             "label_noise": {"kind": "symmetric"}})[0].startswith("rounds[]")

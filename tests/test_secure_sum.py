@@ -172,12 +172,21 @@ def test_a_client_dropping_out_of_secagg_ends_the_run_unless_drop_outs_are_allow
             **{"secagg-dropouts": 0.1})  # 12 - floor(1.2) = 11 needed, 10 came back
 
 
-def test_drop_outs_need_the_secure_sum_and_a_share_below_one():
+def test_drop_outs_need_the_secure_sum_and_a_share_below_a_half():
     from ovalp_flwr.config import ConfigError
 
     with pytest.raises(ConfigError, match=r'secagg-dropouts.*statistics-aggregation="secagg\+"'):
         RunConfig.from_mapping({"secagg-dropouts": 0.1})
-    with pytest.raises(ConfigError, match=r"secagg-dropouts.*\[0, 1\)"):
-        RunConfig.from_mapping({"secagg-dropouts": 1.0, "statistics-aggregation": "secagg+"})
+    with pytest.raises(ConfigError, match=r"secagg-dropouts.*majority.*\[0, 0.5\)"):
+        RunConfig.from_mapping({"secagg-dropouts": 0.5, "statistics-aggregation": "secagg+"})
     assert [secure_sum.fewest_survivors(12, share) for share in (0, 0.1, 0.25, 0.5, 0.99)] \
         == [12, 11, 9, 6, 1]
+
+
+@pytest.mark.parametrize("clients", [2, 3, 7, 12, 100, 1000, 10_000])
+def test_secagg_is_sized_to_the_sum_with_a_majority_threshold(clients):
+    shares, threshold = secure_sum.secagg_sizing(clients)
+    assert shares == clients or (shares % 2 == 1 and shares >= 0.2 * clients)
+    assert min(clients, secure_sum.FEWEST_SHARES) <= shares <= clients
+    assert shares / 2 < threshold <= shares  # a strict majority of the shares
+    assert threshold >= min(clients, 2)

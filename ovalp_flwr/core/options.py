@@ -150,12 +150,14 @@ class StartOptions(Options):
         "(1 − α)Σ + α(tr Σ / D)I (GH-OFL's `lda_shrink`, 0.05).")
     statistics_aggregation: str = key(
         "plain", "How the server sums the clients' statistics: `plain`, as they come, "
-        "or `secagg+`, under Flower's SecAgg+, which shows it only their sum.",
+        "or `secagg+`, under Flower's SecAgg+, which shows it only their sum (a server that "
+        "follows the protocol, colluding with fewer than half of a client's share holders; "
+        "[trust model](robustness.md#what-secagg-protects-and-what-it-does-not)).",
         STATISTICS_AGGREGATIONS)
     secagg_dropouts: float = key(
         0.0, "With `secagg+`: the share of the clients holding data that may drop out "
-        "of the secure sum, whose start is then built from the rest (`0`: any drop-out ends "
-        "the run). Under distributed DP each client's share of the noise is sized for the "
+        "of the secure sum (below a half), whose start is then built from the rest (`0`: any "
+        "drop-out ends the run). Under distributed DP each client's share of the noise is sized for the "
         "fewest survivors this allows, so every sum accepted carries a whole release's noise "
         "([Robustness](robustness.md#distributed-dp-and-drop-outs)).")
 
@@ -171,7 +173,10 @@ class StartOptions(Options):
         if self.gram_rank < 0:
             raise ConfigError("gram-rank", self.gram_rank, "use a whole number >= 0")
         one_of("statistics-aggregation", self.statistics_aggregation, STATISTICS_AGGREGATIONS)
-        share("secagg-dropouts", self.secagg_dropouts, 0, 1, high_open=True)
+        # a dropped client is unmasked from a majority of its share holders (`secagg_sizing`)
+        share("secagg-dropouts", self.secagg_dropouts, 0, 0.5, high_open=True,
+              what="a share (SecAgg+ rebuilds a dropped client's masks from a "
+                   "majority of its neighbours)")
         if self.secagg_dropouts > 0 and self.statistics_aggregation != "secagg+":
             raise ConfigError("secagg-dropouts", self.secagg_dropouts, 'only the secure sum '
                               'tolerates drop-outs: use statistics-aggregation="secagg+", or 0')

@@ -27,6 +27,9 @@ the operating system's entropy, fresh for every release: nothing a client or sum
   round. With `fraction-train` < 1 the strategy samples a fixed number of clients without
   replacement, drawn from OS entropy (a sample the seed fixed would be public), and the
   accountant takes the amplification by that sampling (Wang-Balle-Kasiviswanathan 2019).
+  With `robust-aggregation`, the rule combines the clipped updates inside this wrapper, and
+  the noise is sized for the clip ball's diameter (2·clip) instead of the mean's 2·clip / n.
+  Each round's record keeps the noise as drawn; the report composes those (`applied_rounds`).
 
 Each mechanism's noise multiplier σ is calibrated so that it alone spends the ε asked for at
 `dp-delta`; the run's accountant composes them. A client-level guarantee covers any one example
@@ -41,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -197,35 +200,82 @@ def private_statistics(stats: ClassStatistics, noise_multiplier: float,
                          clip)
 
 
-@dataclasses.dataclass(frozen=True)
+def released_arrays(stats: ClassStatistics) -> dict[str, np.ndarray]:
+    """The statistics as released (noisy, post-processed), in float64, for the checkpoint: a
+    resumed run reuses them instead of asking the clients again (a second noisy draw that no
+    accountant counts, which a server could average with the first)."""
+    arrays = {"counts": stats.counts, "sums": stats.sums, "square-norms": stats.square_norms}
+    if stats.gram is not None:
+        arrays["gram-triu"] = stats.gram[np.triu_indices(len(stats.gram))]
+    return {key: np.asarray(value, np.float64) for key, value in arrays.items()}
+
+
+def released_statistics(arrays: dict[str, np.ndarray]) -> ClassStatistics:
+    """Back from `released_arrays`, bit for bit."""
+    gram = None
+    if "gram-triu" in arrays:
+        d = arrays["sums"].shape[1]
+        gram = np.zeros((d, d))
+        gram[np.triu_indices(d)] = arrays["gram-triu"]
+        gram = gram + np.triu(gram, 1).T
+    return ClassStatistics(arrays["counts"], arrays["sums"], arrays["square-norms"], gram)
+
+
+@dataclasses.dataclass
 class PrivateRounds:
     """Client-level DP for one round: clipped updates, their unweighted mean over the clients
     sampled, Gaussian noise: the round's combination in place of the mean (the strategy's
     `privacy`), before the server's step. Returns the new heads and the replies the control
-    variates may learn from (none: DP rounds run without SCAFFOLD)."""
+    variates may learn from (none: DP rounds run without SCAFFOLD). `applied`: the noise of the
+    last call, as it was drawn (the round's record keeps it; the accountant reads those)."""
 
     noise_multiplier: float
     clip: float
+    applied: dict = dataclasses.field(default_factory=dict)
+    # a robust rule inside the clipping (Flower's DP wraps any strategy so): it combines the
+    # clipped updates, its result is projected into the clip ball, and the noise is sized for
+    # that ball's diameter, 2·clip (what replacing one client can move any rule's output by,
+    # once projected), not the mean's 2·clip / n
+    inner: Callable[..., tuple[Arrays, list[TrainReply]]] | None = None
 
     def __call__(self, replies: Sequence[TrainReply], global_arrays: Arrays,
                  server_round: int = 0, sampled: int = 0) -> tuple[Arrays, list[TrainReply]]:
         keys = sorted(global_arrays)
         denominator = max(sampled, len(replies))  # a client without data adds a zero update
-        total = [np.zeros_like(global_arrays[key], np.float64) for key in keys]
+        base = [global_arrays[key].astype(np.float64) for key in keys]
+        deltas = []
         for reply in replies:
             update = [reply.arrays[key].astype(np.float64) for key in keys]
-            base = [global_arrays[key].astype(np.float64) for key in keys]
             if any(np.any(u != b) for u, b in zip(update, base)):  # Flower's divides by the norm
                 compute_clip_model_update(update, base, self.clip)  # update := base + clipped delta
-            for index, key in enumerate(keys):
-                total[index] += update[index] - base[index]
-        # replacing one client's data moves its clipped update by up to 2·clip
-        std = compute_stdv(self.noise_multiplier, 2.0 * self.clip, denominator)
+            deltas.append([u - b for u, b in zip(update, base)])
+        if self.inner is None:  # the unweighted mean: replacing one client moves it 2·clip / n
+            center = [sum(parts) / denominator for parts in zip(*deltas)]
+            std = compute_stdv(self.noise_multiplier, 2.0 * self.clip, denominator)
+        else:
+            center = self._robust_center(replies, deltas, base, keys, global_arrays,
+                                         server_round, sampled)
+            std = compute_stdv(self.noise_multiplier, 2.0 * self.clip, 1)
+        self.applied = {"dp_noise_multiplier": self.noise_multiplier, "dp_noise_std": std,
+                        "dp_clients_in_mean": denominator}
         rng = _noise()
-        heads = {key: (global_arrays[key] + summed / denominator
-                       + rng.normal(0.0, std, summed.shape)).astype(global_arrays[key].dtype)
-                 for key, summed in zip(keys, total)}
+        heads = {key: (global_arrays[key] + delta + rng.normal(0.0, std, delta.shape)
+                       ).astype(global_arrays[key].dtype) for key, delta in zip(keys, center)}
         return heads, []
+
+    def _robust_center(self, replies: Sequence[TrainReply], deltas: list[list[np.ndarray]],
+                       base: list[np.ndarray], keys: list[str], global_arrays: Arrays,
+                       server_round: int, sampled: int) -> list[np.ndarray]:
+        """The robust rule over the clipped updates (every client weighted alike: DP rounds are
+        unweighted), its update projected into the clip ball."""
+        clipped = [dataclasses.replace(reply, weight=1.0, arrays={
+            key: b + d for key, b, d in zip(keys, base, parts)})
+            for reply, parts in zip(replies, deltas)]
+        combined, _ = self.inner(clipped, global_arrays, server_round, sampled)
+        center = [combined[key].astype(np.float64) - b for key, b in zip(keys, base)]
+        norm = math.sqrt(sum(float(np.square(c).sum()) for c in center))
+        scale = min(1.0, self.clip / norm) if norm > 0 else 1.0
+        return [c * scale for c in center]
 
 
 def statistics_noise(dp: PrivacyOptions) -> float:
@@ -243,46 +293,81 @@ def rounds_releases(dp: PrivacyOptions, rounds: RoundOptions, population: int) -
     return Releases(sigma, count, sample, population)
 
 
-def private_rounds(dp: PrivacyOptions, rounds: RoundOptions,
-                   population: int = 1) -> PrivateRounds | None:
-    """The run's DP aggregation of the rounds over `population` nodes, or None when they are
-    not private."""
+def private_rounds(dp: PrivacyOptions, rounds: RoundOptions, population: int = 1,
+                   inner: Callable | None = None) -> PrivateRounds | None:
+    """The run's DP aggregation of the rounds over `population` nodes (with `inner`, a robust
+    rule inside its clipping), or None when they are not private."""
     if dp.dp_rounds_epsilon <= 0:
         return None
-    return PrivateRounds(rounds_releases(dp, rounds, population).noise_multiplier, dp.dp_clip)
+    return PrivateRounds(rounds_releases(dp, rounds, population).noise_multiplier, dp.dp_clip,
+                         inner=inner)
 
 
 def _epsilon(value: float, covered: bool) -> float | str:
     return value if covered else INFINITE
 
 
+def applied_rounds(records: dict[int, dict]) -> list[Releases]:
+    """The rounds' releases as they were drawn: each round's σ, the clients sampled and the
+    nodes they were drawn from, from the round records the strategy kept (and checkpointed)."""
+    return [Releases(float(r["dp_noise_multiplier"]), 1, int(r["clients_sampled"]),
+                     int(r["dp_population"]))
+            for _, r in sorted(records.items()) if "dp_noise_multiplier" in r]
+
+
+def _composed_rounds(applied: list[Releases]) -> Releases | list[Releases]:
+    """Rounds of one σ, sample and population as one `Releases` (what the accountant
+    composes fastest); else every round as drawn."""
+    if applied and len(set(applied)) == 1:
+        return dataclasses.replace(applied[0], count=len(applied))
+    return applied
+
+
 def privacy_report(dp: PrivacyOptions, rounds: RoundOptions, made: Sequence[str],
-                   secure_sum: bool, population: int = 1) -> dict:
+                   secure_sum: bool, population: int = 1,
+                   applied: list[Releases] | None = None) -> dict:
     """What `summary.json` says of the privacy spent: per mechanism, its σ, clip, releases and
     the ε it alone spends; for the run, one accountant's ε at each level (example, client),
     "inf" where a release is not covered, and the releases that are not. `made`: the run's
     data releases (the config's `data_releases`); `secure_sum`: the statistics summed under
-    SecAgg+."""
+    SecAgg+; `applied`: the rounds' releases as drawn (`applied_rounds`), which the accountant
+    composes in place of the plan when given, so the ε reported is the ε spent, checked against
+    the ε asked."""
     mechanisms: dict[str, dict] = {}
-    releases: dict[str, Releases] = {}
+    releases: dict[str, Releases | list[Releases]] = {}
     if "statistics" in made and dp.dp_statistics_epsilon > 0:
         releases["statistics"] = Releases(statistics_noise(dp))
         mechanisms["statistics"] = {"level": "example", "clip": dp.dp_feature_clip,
                                     "trust": "distributed" if secure_sum else "central"}
     if "rounds" in made and dp.dp_rounds_epsilon > 0:
-        releases["rounds"] = rounds_releases(dp, rounds, population)
+        planned = rounds_releases(dp, rounds, population)
+        drawn = _composed_rounds(applied) if applied is not None else planned
+        releases["rounds"] = drawn
         mechanisms["rounds"] = {"level": "client", "clip": dp.dp_clip, "trust": "central",
-                                "sampled": releases["rounds"].sample, "population": population}
+                                "sampled": planned.sample, "population": population,
+                                "as_drawn": applied is not None}
     for name, mechanism in mechanisms.items():
-        release = releases[name]
-        mechanism.update(noise_multiplier=release.noise_multiplier, releases=release.count,
-                         epsilon=composed_epsilon([release], dp.dp_delta),
+        release = _as_list(releases[name])
+        sigmas = sorted({r.noise_multiplier for r in release})
+        mechanism.update(noise_multiplier=sigmas[0] if len(sigmas) == 1 else sigmas,
+                         releases=sum(r.count for r in release),
+                         epsilon=composed_epsilon(release, dp.dp_delta) if release else 0.0,
                          delta=dp.dp_delta)
+        if name == "rounds" and release:
+            mechanism["sampled"] = sorted({r.sample for r in release})[0] \
+                if len({r.sample for r in release}) == 1 else sorted({r.sample for r in release})
+            mechanism["population"] = sorted({r.population for r in release})[0] \
+                if len({r.population for r in release}) == 1 \
+                else sorted({r.population for r in release})
+        mechanism["within_asked"] = mechanism["epsilon"] <= dp.epsilon(
+            f"dp-{name}-epsilon") * (1 + 1e-3)
     uncovered = [name for name in made if name not in mechanisms]
-    by_client = [r for name, r in releases.items() if mechanisms[name]["level"] == "client"]
-    example = composed_epsilon(list(releases.values()), dp.dp_delta) if releases else 0.0
+    by_client = [r for name, rs in releases.items() if mechanisms[name]["level"] == "client"
+                 for r in _as_list(rs)]
+    every = [r for rs in releases.values() for r in _as_list(rs)]
+    example = composed_epsilon(every, dp.dp_delta) if every else 0.0
     client = composed_epsilon(by_client, dp.dp_delta) if by_client else 0.0
-    amplified = any(r.sample < r.population for r in releases.values())
+    amplified = any(r.sample < r.population for r in every)
     return {**mechanisms,
             "run": {"example_epsilon": _epsilon(example, not uncovered),
                     "client_epsilon": _epsilon(client, not uncovered and "statistics" not in mechanisms),
@@ -290,3 +375,24 @@ def privacy_report(dp: PrivacyOptions, rounds: RoundOptions, made: Sequence[str]
                     "amplification_by_sampling": amplified},
             "neighbouring": NEIGHBOURS, "noise": NOISE_SOURCE,
             "trust": {m["trust"]: TRUST[m["trust"]] for m in mechanisms.values()}}
+
+
+def _as_list(releases: Releases | list[Releases]) -> list[Releases]:
+    return releases if isinstance(releases, list) else [releases]
+
+
+def uncovered_fields(summary: dict) -> list[str]:
+    """What summary.json (and the log line and MLflow parameters made from the same values)
+    carries that no noise covers, beside the ε: each client's classes and domains (computed
+    from labels), the nodes a round refused (they tell who was sampled, which weakens the
+    amplification) and label noise's realised rate."""
+    fields = []
+    partition = summary.get("partition", {})
+    if any(partition.get("classes", [])) or any(partition.get("domains", [])):
+        fields.append("partition.classes, partition.domains: each client's classes and "
+                      "domains, from its labels")
+    if any(r.get("rejections") for r in summary.get("rounds", [])):
+        fields.append("rounds[].rejections: the nodes refused, so sampled, in each round")
+    if summary.get("label_noise", {}).get("kind", "none") != "none":
+        fields.append("label_noise.realised_rate: from the clients' flipped labels")
+    return fields

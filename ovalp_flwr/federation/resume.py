@@ -7,6 +7,8 @@ import time
 from logging import INFO, WARNING
 from pathlib import Path
 
+import numpy as np
+
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp.strategy import Result
 
@@ -43,8 +45,11 @@ class Checkpoints:
 
     def __init__(self, run_dir: Path, settings: dict, every: int, strategy: Staged,
                  evaluator: CentralEvaluator, clients: dict[int, dict], stats: NormStats | None,
-                 head_init: dict) -> None:
-        """settings: the run's config as summary.json has it; every: `checkpoint-every`."""
+                 head_init: dict, released: dict[str, np.ndarray] | None = None) -> None:
+        """settings: the run's config as summary.json has it; every: `checkpoint-every`;
+        released: what the set-up released under DP (`Prepared.released`), kept in every
+        checkpoint so that a resume reuses it."""
+        self.released = released or {}
         self.run_dir, self.strategy, self.evaluator = run_dir, strategy, evaluator
         self.settings, self.every = settings, every
         self.clients, self.norm_digest = clients, stats.digest() if stats else None
@@ -70,7 +75,8 @@ class Checkpoints:
                  "resumes": self.resumes,
                  "seconds": self.seconds_before + time.time() - self.started}
         self.writer.write(Checkpoint(server_round, {
-            **pack("global", p.from_record(arrays)), **strategy_arrays}, state))
+            **pack("global", p.from_record(arrays)), **strategy_arrays,
+            **pack("released", self.released)}, state))
 
     def restore(self, checkpoint: Checkpoint) -> dict:
         """The strategy and evaluator as they were after the checkpoint's round; returns how

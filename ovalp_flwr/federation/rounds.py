@@ -90,6 +90,8 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
     `strategy_class` with those options: FLoRA's); or the server's L-BFGS, preconditioned by
     the federation's `statistics` (with their Gram matrix), over the rows each node described
     (`sizes`: node -> sample count)."""
+    robust = (RobustAggregation(config.robust_aggregation, config.robust_fraction)
+              if config.robust_aggregation != "none" else None)
     options = dict(
         stage_for_round=config.stage_for_round,
         seed=config.seed,
@@ -99,9 +101,9 @@ def make_strategy(config: RunConfig, strategy_class: Callable[..., Staged] | Non
         aggregation_weights=config.aggregation_weights,
         max_weight=weight_cap(config.weight_cap, sizes),
         exclude_after=config.exclude_after_rejections,
-        robust=(RobustAggregation(config.robust_aggregation, config.robust_fraction)
-                if config.robust_aggregation != "none" else None),
-        privacy=private_rounds(config.privacy, config.rounds, max(len(sizes or {}), 1)),
+        # under DP rounds the robust rule works inside DP's clipping, as its wrapper's inner part
+        robust=robust if config.dp_rounds_epsilon <= 0 else None,
+        privacy=private_rounds(config.privacy, config.rounds, max(len(sizes or {}), 1), robust),
         secret_sampling=config.dp_rounds_epsilon > 0,
         control_variates=(ControlVariates(config.learning_rate,
                                           held_by_clients=config.scaffold_variates == "clients")

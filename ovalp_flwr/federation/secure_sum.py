@@ -16,7 +16,7 @@ sends every node the statistics request, answered by the ClientApp's mod
 What SecAgg+ costs, as the workflow works:
 - four exchanges instead of none (plain statistics ride on `set_norm`); each client uploads
   its masked vector (one int64 per statistic: twice float32's bytes) and key shares for its
-  `NUM_SHARES - 1` neighbours;
+  k - 1 neighbours (`secagg_sizing`: k a fifth of the clients, at least 7);
 - precision: the workflow averages Σ n_i v_i / Σ n_i of each client's per-sample statistics
   v_i (`ClassStatistics.per_sample_vector`), each within ± the range `statistics_range`
   gives (`CLIPPING_RANGE`, or the rows' bound where it is known; a client whose statistics lie
@@ -45,7 +45,9 @@ from flwr.serverapp import Grid
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.core.head_init.statistics import ClassStatistics
 
-NUM_SHARES, RECONSTRUCTION_THRESHOLD = 3, 2  # Flower's SecAgg+ example: two neighbours each
+# each client's secrets go to a share of the sum's clients (at least `FEWEST_SHARES`, all of them
+# in a small sum), and a strict majority of those shares rebuilds them (`secagg_sizing`)
+SHARE_FRACTION, FEWEST_SHARES = 0.2, 7
 CLIPPING_RANGE = 1024.0  # |per-sample statistic| allowed; standardised features stay far below
 MODULUS_RANGE = 2**32  # the largest Flower allows
 
@@ -66,6 +68,21 @@ def statistics_range(row_norm: float | None, noise_std: float = 0.0) -> float:
     if row_norm is None:
         return CLIPPING_RANGE
     return max(1.0, row_norm ** 2) + 8.0 * noise_std
+
+
+def secagg_sizing(clients: int) -> tuple[int, int]:
+    """SecAgg+'s number of shares k and reconstruction threshold t for a sum over `clients`:
+    k = max(⌈0.2·n⌉, 7) made odd, at most n, and t = ⌊k/2⌋ + 1, a strict majority, as Flower's
+    guidance for SecAgg+ asks (shares a fraction of the clients, a threshold above half of
+    them) instead of its example's fixed 3 / 2. What it buys: an honest-but-curious server
+    must collude with t of a client's k share holders to rebuild both its self-mask and its
+    mask key, so any t − 1 colluding clients learn nothing of an honest client's vector; a
+    client that drops out is unmasked from any t of its k − 1 neighbours, so fewer than half
+    of them may go too."""
+    shares = min(clients, max(math.ceil(SHARE_FRACTION * clients), FEWEST_SHARES))
+    if shares < clients and shares % 2 == 0:
+        shares += 1
+    return shares, shares // 2 + 1
 
 
 def fewest_survivors(holders: int, dropouts: float) -> int:
@@ -118,9 +135,9 @@ def secure_average(grid: Grid, nodes: list[int], request: dict, sizes: dict[int,
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: 0})
     context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
         ndarrays_to_parameters(list(arrays)), keep_input=True)
-    small = len(nodes) <= NUM_SHARES  # then every node shares with every other
+    shares, threshold = secagg_sizing(len(nodes))
     SecAggPlusWorkflow(
-        1.0 if small else NUM_SHARES, 1.0 if small else RECONSTRUCTION_THRESHOLD,
+        shares if shares > 2 else 1.0, threshold,  # Flower takes 2 shares only as "all" (1.0)
         max_weight=float(max(max(sizes.values()), 1)), clipping_range=clipping_range,
         quantization_range=quantization_range(len(nodes)), modulus_range=MODULUS_RANGE,
     )(grid, context)

@@ -231,6 +231,8 @@ class Staged:
         if not nodes:
             return []
         count = sample_size(len(nodes), fraction)
+        if purpose == 0 and self.privacy is not None:  # what the amplification is over, as drawn
+            self.rounds.setdefault(server_round, {})["dp_population"] = len(nodes)
         if count >= len(nodes):
             return list(nodes)
         rng = np.random.default_rng() if self.secret_sampling and purpose == 0 else \
@@ -256,6 +258,7 @@ class Staged:
         messages = [self._train_message(content, node, corrections.get(node), shared)
                     for node in node_ids]
         self.rounds[server_round] = {
+            **self.rounds.get(server_round, {}),  # the sample's population (`sample`)
             "stage": round_config[STAGE],
             "clients_sampled": len(node_ids),
             "bytes_sent_per_client": bytes_sent(content, messages),
@@ -344,8 +347,9 @@ class Staged:
             self.variates.update(self._global, admitted, server_round)
         record = self.rounds.setdefault(server_round, {})
         record.update(reply_costs(ok, trained, len(replies) - len(ok)))
-        if self.privacy is not None:  # no client's loss in the clear
+        if self.privacy is not None:  # no client's loss in the clear; the noise as drawn
             record["train_loss"] = None
+            record.update(self.privacy.applied if trained else {})
         record["clients_timed_out"] = record.get("clients_sampled", len(replies)) - len(replies)
         record["clients_rejected"] = len(rejections)
         record["rejections"] = rejections

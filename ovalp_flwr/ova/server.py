@@ -43,8 +43,11 @@ from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError, SetupCosts, wait_for_nodes
 from ovalp_flwr.federation.node import all_partitions, held_rows, node_data, resolve_path
 from ovalp_flwr.runs.pipeline import Prepared, RunPath, run
-from ovalp_flwr.federation.privacy import (postprocessed, privacy_report, statistics_noise,
-                                           statistics_noise_share, statistics_sensitivities)
+from ovalp_flwr.federation.checkpoint import pack
+from ovalp_flwr.federation.privacy import (applied_rounds, postprocessed, privacy_report,
+                                           released_arrays, released_statistics,
+                                           statistics_noise, statistics_noise_share,
+                                           statistics_sensitivities, uncovered_fields)
 from ovalp_flwr.federation.secure_sum import fewest_survivors, statistics_range
 from ovalp_flwr.federation.setup import (StatisticsSum, broadcast_stats, check_feature_space,
                                          describe_clients, global_stats, late_admitter,
@@ -80,16 +83,23 @@ class FeaturePath(RunPath):
                               fedcof_shrinkage=config.fedcof_shrinkage,
                               lda_shrinkage=config.lda_shrinkage, gram_rank=config.gram_rank)
         # the server's L-BFGS is preconditioned by the Gram matrix, whatever the start
+        wanted = "gram" if config.server_steps else init.statistics
+        released = self.released("statistics") if config.dp_statistics_epsilon > 0 else None
         self.setup = setup = set_up(grid, nodes, config, cache,
-                                    "gram" if config.server_steps else init.statistics,
+                                    "none" if released else wanted,  # released once only
                                     keep_client_sums=init.keeps_client_sums)
-        if config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
+        if released:  # a resumed private run: the statistics released before, not a new draw
+            setup.statistics.total = released_statistics(released)
+            say(INFO, "resume: the start's private statistics as released before (no new "
+                "release)")
+        elif config.dp_statistics_epsilon > 0 and setup.statistics.total is not None:
             # central DP adds the noise here; under SecAgg+ the clients added it (distributed DP)
             noisy = setup.statistics.total if setup.statistics.secure else \
                 statistics_noise_share(setup.statistics.total, statistics_noise(config.privacy),
                                        config.dp_feature_clip)
             setup.statistics.total = postprocessed(noisy, statistics_noise(config.privacy),
                                                    config.dp_feature_clip)
+            released = released_arrays(setup.statistics.total)
         self.validation = validation = validation_rows(config, cache, setup.norm)
         chosen, requested = {}, init
         if choosing:  # before the check (it scores starts at this penalty), and after it
@@ -109,7 +119,8 @@ class FeaturePath(RunPath):
         # only sent when there are statistics: Flower's ConfigRecord.count_bytes rejects ""
         digest_config = {p.NORM_DIGEST: stats.digest()} if stats else {}
         return Prepared(nodes, setup.clients, initial, setup.partition, setup.costs,
-                        _feature_info(cache, stats), stats, start, digest_config)
+                        _feature_info(cache, stats), stats, start, digest_config,
+                        pack("statistics", released) if released else {})
 
     def strategy_wiring(self, prepared: Prepared) -> dict:
         """Nodes that connect late are described, checked and briefed; the server's L-BFGS is
@@ -142,7 +153,9 @@ class FeaturePath(RunPath):
         if config.dp_statistics_epsilon > 0 or config.dp_rounds_epsilon > 0:
             summary["privacy"] = privacy_report(
                 config.privacy, config.rounds, config.data_releases,
-                config.statistics_aggregation == "secagg+", len(prepared.clients))
+                config.statistics_aggregation == "secagg+", len(prepared.clients),
+                applied_rounds(strategy.rounds) if config.dp_rounds_epsilon > 0 else None)
+            summary["privacy"]["run"]["uncovered_fields"] = uncovered_fields(summary)
 
     def scorer(self, evaluator: CentralEvaluator, prepared: Prepared) -> FeatureScorer:
         return FeatureScorer(evaluator.features, evaluator.labels, self.config.adapter_activation)

@@ -78,8 +78,7 @@ class PrivacyOptions(Options):
                               'use "none": the check reads each client\'s statistics, which no '
                               "noise covers")
         if self.dp_rounds_epsilon > 0:
-            for name, allowed in (("drift-correction", "none"), ("robust-aggregation", "none"),
-                                  ("server-optimizer", "fedavg")):
+            for name, allowed in (("drift-correction", "none"), ("server-optimizer", "fedavg")):
                 value = getattr(config, name.replace("-", "_"))
                 if value != allowed:
                     raise ConfigError(name, value, f'with dp-rounds-epsilon use "{allowed}": DP '

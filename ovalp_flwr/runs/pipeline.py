@@ -29,7 +29,7 @@ from ovalp_flwr.data.partition import PartitionSummary
 from ovalp_flwr.federation import protocol as p
 from ovalp_flwr.federation.checkpoint import FILE as CHECKPOINT_FILE
 from ovalp_flwr.federation.checkpoint import Checkpoint
-from ovalp_flwr.federation.checkpoint import part_files
+from ovalp_flwr.federation.checkpoint import part_files, unpack
 from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import SetupCosts
 from ovalp_flwr.federation.node import resolve_path
@@ -59,6 +59,7 @@ class Prepared:
     norm: NormStats | None = None  # the normalisation every client uses (a resume checks it)
     head_init: dict = field(default_factory=dict)  # summary.json's "head_init"
     message_config: dict = field(default_factory=dict)  # in every train and evaluate message
+    released: dict[str, np.ndarray] = field(default_factory=dict)  # kept by every checkpoint
 
 
 class RunPath(ABC):
@@ -68,6 +69,14 @@ class RunPath(ABC):
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
+        self.resumed: Checkpoint | None = None  # the checkpoint a resume goes on from
+
+    def released(self, name: str) -> dict[str, np.ndarray] | None:
+        """What the run released before it was resumed (`Prepared.released`, under
+        `name`), to be reused rather than drawn again; None on a fresh run."""
+        if self.resumed is None:
+            return None
+        return unpack(f"released/{name}", self.resumed.arrays) or None
 
     @abstractmethod
     def prepare(self, grid: Grid) -> Prepared:
@@ -119,6 +128,7 @@ def run(grid: Grid, path: RunPath) -> Path:
 def _run(grid: Grid, path: RunPath, tracker: Tracker, run_name: str, run_dir: Path,
          resumed: Checkpoint | None, started: float) -> Path:
     config, settings = path.config, path.config.to_dict()
+    path.resumed = resumed
     prepared = path.prepare(grid)
     tracker.start(run_params(settings, prepared.partition.to_dict(), versions()),
                   {**config.tracker.tags(), "ovalp.run-name": run_name,
@@ -139,7 +149,7 @@ def _run(grid: Grid, path: RunPath, tracker: Tracker, run_name: str, run_dir: Pa
     evaluator.federated_validation = \
         lambda server_round: strategy.validation_scores.get(server_round, {}).get("accuracy")
     checkpoints = Checkpoints(run_dir, settings, config.checkpoint_every, strategy, evaluator,
-                              clients, prepared.norm, prepared.head_init)
+                              clients, prepared.norm, prepared.head_init, prepared.released)
     if config.checkpoint_every and not path.checkpoints:
         say(WARNING, "finetune %s: no checkpoints (a round's state is not all a resume needs; "
             "checkpoint-every=%d has no effect here)", config.finetune, config.checkpoint_every)
