@@ -243,18 +243,24 @@ class PrivateRounds:
         keys = sorted(global_arrays)
         denominator = max(sampled, len(replies))  # a client without data adds a zero update
         base = [global_arrays[key].astype(np.float64) for key in keys]
-        deltas = []
+        total = [np.zeros_like(b) for b in base]
+        clipped = []  # the clipped replies, kept only for a robust rule
         for reply in replies:
             update = [reply.arrays[key].astype(np.float64) for key in keys]
             if any(np.any(u != b) for u, b in zip(update, base)):  # Flower's divides by the norm
                 compute_clip_model_update(update, base, self.clip)  # update := base + clipped delta
-            deltas.append([u - b for u, b in zip(update, base)])
+            if self.inner is None:
+                for index, (u, b) in enumerate(zip(update, base)):
+                    total[index] += u - b
+            else:  # every client weighted alike: DP rounds are unweighted
+                clipped.append(dataclasses.replace(reply, weight=1.0,
+                                                   arrays=dict(zip(keys, update))))
         if self.inner is None:  # the unweighted mean: replacing one client moves it 2·clip / n
-            center = [sum(parts) / denominator for parts in zip(*deltas)]
+            center = [summed / denominator for summed in total]
             std = compute_stdv(self.noise_multiplier, 2.0 * self.clip, denominator)
         else:
-            center = self._robust_center(replies, deltas, base, keys, global_arrays,
-                                         server_round, sampled)
+            center = self._robust_center(clipped, base, keys, global_arrays, server_round,
+                                         sampled)
             std = compute_stdv(self.noise_multiplier, 2.0 * self.clip, 1)
         self.applied = {"dp_noise_multiplier": self.noise_multiplier, "dp_noise_std": std,
                         "dp_clients_in_mean": denominator}
@@ -263,14 +269,10 @@ class PrivateRounds:
                        ).astype(global_arrays[key].dtype) for key, delta in zip(keys, center)}
         return heads, []
 
-    def _robust_center(self, replies: Sequence[TrainReply], deltas: list[list[np.ndarray]],
-                       base: list[np.ndarray], keys: list[str], global_arrays: Arrays,
-                       server_round: int, sampled: int) -> list[np.ndarray]:
-        """The robust rule over the clipped updates (every client weighted alike: DP rounds are
-        unweighted), its update projected into the clip ball."""
-        clipped = [dataclasses.replace(reply, weight=1.0, arrays={
-            key: b + d for key, b, d in zip(keys, base, parts)})
-            for reply, parts in zip(replies, deltas)]
+    def _robust_center(self, clipped: list[TrainReply], base: list[np.ndarray], keys: list[str],
+                       global_arrays: Arrays, server_round: int,
+                       sampled: int) -> list[np.ndarray]:
+        """The robust rule's update from the clipped replies, projected into the clip ball."""
         combined, _ = self.inner(clipped, global_arrays, server_round, sampled)
         center = [combined[key].astype(np.float64) - b for key, b in zip(keys, base)]
         norm = math.sqrt(sum(float(np.square(c).sum()) for c in center))
@@ -315,12 +317,20 @@ def applied_rounds(records: dict[int, dict]) -> list[Releases]:
             for _, r in sorted(records.items()) if "dp_noise_multiplier" in r]
 
 
-def _composed_rounds(applied: list[Releases]) -> Releases | list[Releases]:
-    """Rounds of one σ, sample and population as one `Releases` (what the accountant
-    composes fastest); else every round as drawn."""
-    if applied and len(set(applied)) == 1:
-        return dataclasses.replace(applied[0], count=len(applied))
-    return applied
+def _grouped(releases: Sequence[Releases]) -> list[Releases]:
+    """Equal releases as one with their count: the accountant composes a subsampled event's
+    curve once per distinct event (~0.5 s each), not once per round."""
+    counts: dict[Releases, int] = {}
+    for release in releases:
+        single = dataclasses.replace(release, count=1)
+        counts[single] = counts.get(single, 0) + release.count
+    return [dataclasses.replace(release, count=count) for release, count in counts.items()]
+
+
+def _one_or_all(values: Sequence) -> object:
+    """One value where every release had it, else each distinct one (summary.json)."""
+    distinct = sorted(set(values))
+    return distinct[0] if len(distinct) == 1 else distinct
 
 
 def privacy_report(dp: PrivacyOptions, rounds: RoundOptions, made: Sequence[str],
@@ -334,37 +344,33 @@ def privacy_report(dp: PrivacyOptions, rounds: RoundOptions, made: Sequence[str]
     composes in place of the plan when given, so the ε reported is the ε spent, checked against
     the ε asked."""
     mechanisms: dict[str, dict] = {}
-    releases: dict[str, Releases | list[Releases]] = {}
+    releases: dict[str, list[Releases]] = {}
     if "statistics" in made and dp.dp_statistics_epsilon > 0:
-        releases["statistics"] = Releases(statistics_noise(dp))
+        releases["statistics"] = [Releases(statistics_noise(dp))]
         mechanisms["statistics"] = {"level": "example", "clip": dp.dp_feature_clip,
                                     "trust": "distributed" if secure_sum else "central"}
     if "rounds" in made and dp.dp_rounds_epsilon > 0:
-        planned = rounds_releases(dp, rounds, population)
-        drawn = _composed_rounds(applied) if applied is not None else planned
+        drawn = _grouped(applied) if applied is not None else \
+            [rounds_releases(dp, rounds, population)]
         releases["rounds"] = drawn
         mechanisms["rounds"] = {"level": "client", "clip": dp.dp_clip, "trust": "central",
-                                "sampled": planned.sample, "population": population,
+                                "sampled": _one_or_all([r.sample for r in drawn] or [0]),
+                                "population": _one_or_all([r.population for r in drawn]
+                                                          or [population]),
                                 "as_drawn": applied is not None}
     for name, mechanism in mechanisms.items():
-        release = _as_list(releases[name])
-        sigmas = sorted({r.noise_multiplier for r in release})
-        mechanism.update(noise_multiplier=sigmas[0] if len(sigmas) == 1 else sigmas,
+        release = releases[name]
+        mechanism.update(noise_multiplier=_one_or_all([r.noise_multiplier for r in release]
+                                                      or [0.0]),
                          releases=sum(r.count for r in release),
                          epsilon=composed_epsilon(release, dp.dp_delta) if release else 0.0,
                          delta=dp.dp_delta)
-        if name == "rounds" and release:
-            mechanism["sampled"] = sorted({r.sample for r in release})[0] \
-                if len({r.sample for r in release}) == 1 else sorted({r.sample for r in release})
-            mechanism["population"] = sorted({r.population for r in release})[0] \
-                if len({r.population for r in release}) == 1 \
-                else sorted({r.population for r in release})
         mechanism["within_asked"] = mechanism["epsilon"] <= dp.epsilon(
             f"dp-{name}-epsilon") * (1 + 1e-3)
     uncovered = [name for name in made if name not in mechanisms]
     by_client = [r for name, rs in releases.items() if mechanisms[name]["level"] == "client"
-                 for r in _as_list(rs)]
-    every = [r for rs in releases.values() for r in _as_list(rs)]
+                 for r in rs]
+    every = [r for rs in releases.values() for r in rs]
     example = composed_epsilon(every, dp.dp_delta) if every else 0.0
     client = composed_epsilon(by_client, dp.dp_delta) if by_client else 0.0
     amplified = any(r.sample < r.population for r in every)
@@ -375,10 +381,6 @@ def privacy_report(dp: PrivacyOptions, rounds: RoundOptions, made: Sequence[str]
                     "amplification_by_sampling": amplified},
             "neighbouring": NEIGHBOURS, "noise": NOISE_SOURCE,
             "trust": {m["trust"]: TRUST[m["trust"]] for m in mechanisms.values()}}
-
-
-def _as_list(releases: Releases | list[Releases]) -> list[Releases]:
-    return releases if isinstance(releases, list) else [releases]
 
 
 def uncovered_fields(summary: dict) -> list[str]:

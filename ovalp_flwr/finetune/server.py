@@ -48,8 +48,8 @@ class EncoderPath(RunPath):
         # round's checkpoint would not be all a resume needs (config refuses resume there)
         self.checkpoints = config.finetune != "flora"
 
-    def prepare(self, grid: Grid) -> Prepared:
-        config = self.config
+    def prepare(self, grid: Grid, released: dict[str, np.ndarray]) -> Prepared:
+        config = self.config  # nothing is released under DP on this path: `released` is empty
         self.built = built = setup(config.data, config.finetuning, config.seed, config.device)
         self.initial = initial = {key: value.copy() for key, value in built.initial.items()}
         nodes = wait_for_nodes(grid)

@@ -43,7 +43,7 @@ from ovalp_flwr.federation.evaluation import CentralEvaluator
 from ovalp_flwr.federation.exchange import FederationError, SetupCosts, wait_for_nodes
 from ovalp_flwr.federation.node import all_partitions, held_rows, node_data, resolve_path
 from ovalp_flwr.runs.pipeline import Prepared, RunPath, run
-from ovalp_flwr.federation.checkpoint import pack
+from ovalp_flwr.federation.checkpoint import pack, unpack
 from ovalp_flwr.federation.privacy import (applied_rounds, postprocessed, privacy_report,
                                            released_arrays, released_statistics,
                                            statistics_noise, statistics_noise_share,
@@ -69,7 +69,7 @@ def run_ova(grid: Grid, config: RunConfig) -> Path:
 class FeaturePath(RunPath):
     """The cached-feature path's own steps in the shared run (`runs.pipeline`)."""
 
-    def prepare(self, grid: Grid) -> Prepared:
+    def prepare(self, grid: Grid, released: dict[str, np.ndarray]) -> Prepared:
         """The cache, the set-up exchanges, the start (chosen and checked on validation rows)."""
         config = self.config
         self.cache = cache = load_or_build(
@@ -84,7 +84,7 @@ class FeaturePath(RunPath):
                               lda_shrinkage=config.lda_shrinkage, gram_rank=config.gram_rank)
         # the server's L-BFGS is preconditioned by the Gram matrix, whatever the start
         wanted = "gram" if config.server_steps else init.statistics
-        released = self.released("statistics") if config.dp_statistics_epsilon > 0 else None
+        released = unpack("statistics", released) if config.dp_statistics_epsilon > 0 else {}
         self.setup = setup = set_up(grid, nodes, config, cache,
                                     "none" if released else wanted,  # released once only
                                     keep_client_sums=init.keeps_client_sums)

@@ -69,18 +69,12 @@ class RunPath(ABC):
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
-        self.resumed: Checkpoint | None = None  # the checkpoint a resume goes on from
-
-    def released(self, name: str) -> dict[str, np.ndarray] | None:
-        """What the run released before it was resumed (`Prepared.released`, under
-        `name`), to be reused rather than drawn again; None on a fresh run."""
-        if self.resumed is None:
-            return None
-        return unpack(f"released/{name}", self.resumed.arrays) or None
 
     @abstractmethod
-    def prepare(self, grid: Grid) -> Prepared:
-        """The data or model, the nodes, the set-up exchanges and the start."""
+    def prepare(self, grid: Grid, released: dict[str, np.ndarray]) -> Prepared:
+        """The data or model, the nodes, the set-up exchanges and the start. `released`: what
+        the run released before a resume (`Prepared.released`, as its checkpoint kept it),
+        to be reused rather than drawn again; empty on a fresh run."""
 
     def strategy_wiring(self, prepared: Prepared) -> dict[str, Any]:
         """What else `make_strategy` needs on this path (late nodes, statistics, FLoRA's class)."""
@@ -128,8 +122,7 @@ def run(grid: Grid, path: RunPath) -> Path:
 def _run(grid: Grid, path: RunPath, tracker: Tracker, run_name: str, run_dir: Path,
          resumed: Checkpoint | None, started: float) -> Path:
     config, settings = path.config, path.config.to_dict()
-    path.resumed = resumed
-    prepared = path.prepare(grid)
+    prepared = path.prepare(grid, unpack("released", resumed.arrays) if resumed else {})
     tracker.start(run_params(settings, prepared.partition.to_dict(), versions()),
                   {**config.tracker.tags(), "ovalp.run-name": run_name,
                    "ovalp.git-commit": git_commit()})
